@@ -1,0 +1,198 @@
+"""Optimizers, learning-rate schedules and gradient clipping: the math MemoryX runs.
+
+Every update works in place on flat arrays (a parameter, its gradient, its state buffers), vectorised,
+with one scratch buffer at most. The order of operations follows ``torch.optim`` (single-tensor path) so
+the results agree to float32 rounding. ``step`` is the 1-based count of this update (Adam's bias
+correction), while schedules take the 0-based index of the training step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = [
+    "OptimizerConfig",
+    "SchedulePiece",
+    "adam_step",
+    "clip_coefficient",
+    "grad_sq_sum",
+    "init_state",
+    "learning_rate_at",
+    "optimizer_step",
+    "sgd_step",
+    "state_names",
+]
+
+OptimizerKind = Literal["adamw", "adam", "sgd"]
+
+
+def adam_step(
+    param: np.ndarray,
+    grad: np.ndarray,
+    exp_avg: np.ndarray,
+    exp_avg_sq: np.ndarray,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    scratch: np.ndarray | None = None,
+) -> None:
+    """Adam (``decoupled=False``: L2 added to the gradient) or AdamW (decoupled decay). In place.
+
+    ``grad`` is read-only unless Adam's L2 term is on, in which case it is overwritten.
+    """
+    dt = param.dtype.type
+    if weight_decay != 0.0:
+        if decoupled:
+            param *= dt(1.0 - lr * weight_decay)
+        else:
+            grad += dt(weight_decay) * param
+    # exp_avg = beta1 * exp_avg + (1 - beta1) * grad, as torch's lerp
+    exp_avg += dt(1.0 - beta1) * (grad - exp_avg)
+    exp_avg_sq *= dt(beta2)
+    denom = np.multiply(grad, grad, out=scratch)
+    denom *= dt(1.0 - beta2)
+    exp_avg_sq += denom
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    np.sqrt(exp_avg_sq, out=denom)
+    denom /= dt(bias_correction2_sqrt)
+    denom += dt(eps)
+    np.divide(exp_avg, denom, out=denom)
+    denom *= dt(-lr / bias_correction1)
+    param += denom
+
+
+def sgd_step(
+    param: np.ndarray,
+    grad: np.ndarray,
+    momentum_buffer: np.ndarray,
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    nesterov: bool,
+) -> None:
+    """SGD with (optionally Nesterov) momentum and L2 weight decay, as ``torch.optim.SGD`` with
+    dampening 0. The buffer starts at zero, which makes the first step's buffer equal the gradient
+    exactly as torch's clone does. ``grad`` is overwritten."""
+    dt = param.dtype.type
+    if weight_decay != 0.0:
+        grad += dt(weight_decay) * param
+    if momentum != 0.0:
+        momentum_buffer *= dt(momentum)
+        momentum_buffer += grad
+        if nesterov:
+            grad += dt(momentum) * momentum_buffer
+        else:
+            grad = momentum_buffer
+    param -= dt(lr) * grad
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One entry point for MemoryX: a config, named state buffers per tensor
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SchedulePiece:
+    """One piece of a learning-rate schedule, ``total_iters`` steps long (ModelZoo's names)."""
+
+    scheduler: Literal["Constant", "Linear", "CosineDecay"]
+    initial_learning_rate: float
+    end_learning_rate: float
+    total_iters: int
+
+    def at(self, t: int) -> float:
+        """Learning rate ``t`` steps into this piece (held at the end value once t >= total_iters)."""
+        if self.scheduler == "Constant":
+            return self.initial_learning_rate
+        frac = min(t, self.total_iters) / self.total_iters
+        lo, hi = self.end_learning_rate, self.initial_learning_rate
+        if self.scheduler == "Linear":
+            return hi + (lo - hi) * frac
+        return lo + (hi - lo) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def learning_rate_at(pieces: Sequence[SchedulePiece], step: int) -> float:
+    """The learning rate of 0-based training step ``step``; pieces run one after another and the last
+    one's final value holds after the schedule ends."""
+    start = 0
+    for piece in pieces:
+        if step < start + piece.total_iters:
+            return piece.at(step - start)
+        start += piece.total_iters
+    last = pieces[-1]
+    return last.at(last.total_iters)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: OptimizerKind
+    schedule: tuple[SchedulePiece, ...]
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    nesterov: bool = False
+    max_gradient_norm: float | None = None
+
+    def learning_rate(self, step: int) -> float:
+        return learning_rate_at(self.schedule, step)
+
+
+def state_names(kind: OptimizerKind) -> tuple[str, ...]:
+    """The per-tensor state buffers, named as torch names them in ``optimizer.state``."""
+    return ("momentum_buffer",) if kind == "sgd" else ("exp_avg", "exp_avg_sq")
+
+
+def init_state(kind: OptimizerKind, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    return {n: np.zeros(shape, dtype=np.float32) for n in state_names(kind)}
+
+
+def optimizer_step(
+    cfg: OptimizerConfig,
+    param: np.ndarray,
+    grad: np.ndarray,
+    state: MutableMapping[str, np.ndarray],
+    *,
+    step: int,
+    lr: float,
+    scratch: np.ndarray | None = None,
+) -> None:
+    """Apply one update to one tensor in place. ``grad`` may be overwritten."""
+    if cfg.kind == "sgd":
+        sgd_step(
+            param, grad, state["momentum_buffer"],
+            lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+        )  # fmt: skip
+    else:
+        adam_step(
+            param, grad, state["exp_avg"], state["exp_avg_sq"],
+            step=step, lr=lr, beta1=cfg.betas[0], beta2=cfg.betas[1], eps=cfg.eps,
+            weight_decay=cfg.weight_decay, decoupled=cfg.kind == "adamw", scratch=scratch,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Global gradient-norm clipping, split so that each MemoryX shard computes its part
+# ---------------------------------------------------------------------------------------------------------
+def grad_sq_sum(grad: np.ndarray) -> float:
+    """Sum of squares of one gradient, accumulated in float64 (a shard adds these up)."""
+    flat = grad.reshape(-1)
+    return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
+
+
+def clip_coefficient(sq_sums: Iterable[float], max_norm: float | None) -> tuple[float, float]:
+    """(global norm, factor to multiply every gradient by), as ``torch.nn.utils.clip_grad_norm_``."""
+    total_norm = math.sqrt(sum(sq_sums))
+    if max_norm is None:
+        return total_norm, 1.0
+    return total_norm, min(1.0, max_norm / (total_norm + 1e-6))

@@ -1,0 +1,137 @@
+"""Whole models: loss and every parameter gradient against an independent PyTorch reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from weightstream.numerics import (
+    FCMLPConfig,
+    GPT2Config,
+    build_fc_mlp,
+    build_gpt2,
+    forward_backward,
+    forward_loss,
+    init_params,
+)
+
+torch = pytest.importorskip("torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]")
+from tests import torch_reference as ref  # noqa: E402
+
+CFG = GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=3, n_head=4, n_inner=40)
+
+
+def _batch(rng: np.random.Generator, cfg: GPT2Config, b: int = 3, t: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    ids = rng.integers(0, cfg.vocab_size, (b, t + 1))
+    return ids[:, :-1], ids[:, 1:]
+
+
+def _perturbed(params: dict[str, np.ndarray], rng: np.random.Generator, dtype) -> dict[str, np.ndarray]:
+    """Initial LayerNorm/bias values are 1/0; perturb them so their gradients are exercised fully."""
+    return {n: (v + 0.05 * rng.standard_normal(v.shape)).astype(dtype) for n, v in params.items()}
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+    "dtype,rtol,atol", [(np.float64, 1e-5, 1e-6), (np.float32, 1e-3, 2e-5)], ids=["float64", "float32"]
+)
+def test_gpt2_loss_and_grads_match_torch(tied: bool, dtype, rtol: float, atol: float, rng) -> None:
+    cfg = GPT2Config(**{**CFG.__dict__, "tie_word_embeddings": tied})
+    model = build_gpt2(cfg)
+    params = _perturbed(init_params(model, seed=3), rng, dtype)
+    ids, targets = _batch(rng, cfg)
+    loss, grads = forward_backward(model, params, ids, targets, denom=targets.size)
+
+    tp = ref.to_torch(params, torch.float64 if dtype == np.float64 else torch.float32)
+    logits = ref.gpt2_logits(tp, torch.as_tensor(ids), cfg.n_layer, cfg.n_head, cfg.layer_norm_epsilon, tied)
+    ref_loss, ref_grads = ref.loss_and_grads(tp, logits, targets)
+
+    assert_allclose(loss, ref_loss, rtol=rtol)
+    assert set(grads) == set(ref_grads) == set(model.specs)
+    for name in model.specs:
+        assert grads[name].dtype == dtype, name
+        assert_allclose(grads[name], ref_grads[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+def test_gpt2_grads_match_finite_differences(rng) -> None:
+    cfg = GPT2Config(vocab_size=7, n_positions=5, n_embd=8, n_layer=2, n_head=2, n_inner=12)
+    model = build_gpt2(cfg)
+    params = _perturbed(init_params(model, seed=0), rng, np.float64)
+    ids, targets = _batch(rng, cfg, b=2, t=4)
+    _, grads = forward_backward(model, params, ids, targets, targets.size)
+    eps = 1e-6
+    for name, p in params.items():  # a few entries of every tensor
+        for flat in rng.choice(p.size, size=min(3, p.size), replace=False):
+            idx = np.unravel_index(flat, p.shape)
+            old = p[idx]
+            p[idx] = old + eps
+            up = forward_loss(model, params, ids, targets, targets.size)
+            p[idx] = old - eps
+            down = forward_loss(model, params, ids, targets, targets.size)
+            p[idx] = old
+            assert_allclose(grads[name][idx], (up - down) / (2 * eps), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_fc_mlp_matches_torch(rng) -> None:
+    cfg = FCMLPConfig(input_size=12, hidden_sizes=(20, 16), num_classes=5)
+    model = build_fc_mlp(cfg)
+    params = {n: v.astype(np.float64) for n, v in init_params(model, seed=5).items()}
+    x = rng.standard_normal((9, 12))
+    y = rng.integers(0, 5, 9)
+    loss, grads = forward_backward(model, params, x, y, denom=y.size)
+    tp = ref.to_torch(params, torch.float64)
+    ref_loss, ref_grads = ref.loss_and_grads(tp, ref.fc_mlp_logits(tp, torch.as_tensor(x), depth=2), y)
+    assert_allclose(loss, ref_loss, rtol=1e-10)
+    for name in model.specs:
+        assert_allclose(grads[name], ref_grads[name], rtol=1e-8, atol=1e-12, err_msg=name)
+
+
+def test_shard_gradients_sum_to_global_gradient(rng) -> None:
+    """What makes data parallelism exact: shards with the global denominator add up to the full batch."""
+    model = build_gpt2(CFG)
+    params = {n: v.astype(np.float64) for n, v in init_params(model, seed=2).items()}
+    ids, targets = _batch(rng, CFG, b=4)
+    loss, grads = forward_backward(model, params, ids, targets, targets.size)
+    total = 0.0
+    summed = {n: np.zeros_like(v) for n, v in params.items()}
+    for s in (slice(0, 1), slice(1, 3), slice(3, 4)):
+        part_loss, part = forward_backward(model, params, ids[s], targets[s], targets.size)
+        total += part_loss
+        for n, g in part.items():
+            summed[n] += g
+    assert_allclose(total, loss, rtol=1e-12)
+    for n in params:
+        assert_allclose(summed[n], grads[n], rtol=1e-9, atol=1e-14, err_msg=n)
+
+
+def test_units_and_ownership() -> None:
+    model = build_gpt2(CFG)
+    assert [u.name for u in model.units] == ["embedding", "h.0", "h.1", "h.2", "head"]
+    # the tied embedding is read by the first and the last unit, stored once, with the first
+    assert model.owners["transformer.wte.weight"] == 0
+    assert "transformer.wte.weight" in model.units[-1].param_names
+    assert "transformer.wte.weight" not in model.owned_by(len(model.units) - 1)
+    assert sum(len(model.owned_by(i)) for i in range(len(model.units))) == len(model.specs)
+    expected = CFG.vocab_size * 16 + 12 * 16 + 3 * (4 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 40 + 40 + 40 * 16 + 16)
+    assert model.num_params == expected + 2 * 16
+
+
+def test_init_is_gpt2_style_and_deterministic() -> None:
+    cfg = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=6, n_head=4, n_inner=512)
+    model = build_gpt2(cfg)
+    a = init_params(model, seed=11)
+    b = init_params(model, seed=11)
+    assert all(np.array_equal(a[n], b[n]) and a[n].dtype == np.float32 for n in a)
+    c = init_params(model, seed=12)
+    assert not np.array_equal(a["transformer.wte.weight"], c["transformer.wte.weight"])
+    # a shard initialising only its own tensors gets exactly the same values
+    part = init_params(model, seed=11, names=["transformer.h.3.mlp.c_fc.weight"])
+    assert np.array_equal(part["transformer.h.3.mlp.c_fc.weight"], a["transformer.h.3.mlp.c_fc.weight"])
+    assert abs(a["transformer.wte.weight"].std() - 0.02) < 1e-3
+    assert abs(a["transformer.h.0.attn.c_proj.weight"].std() - 0.02 / math.sqrt(12)) < 5e-4
+    assert abs(a["transformer.h.0.mlp.c_proj.weight"].std() - 0.02 / math.sqrt(12)) < 5e-4
+    assert not a["transformer.h.0.attn.c_attn.bias"].any()
+    assert (a["transformer.h.0.ln_1.weight"] == 1).all()
