@@ -1,0 +1,153 @@
+"""The params file (ModelZoo layout and key names) as pydantic models.
+
+Only structure and per-key ranges live here; checks that relate two sections (batch size vs num_csx,
+sequence length vs positions, data processor vs model) are in ``load.py`` so each problem carries the
+path of the key a user has to change.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+
+__all__ = [
+    "DATA_PROCESSORS",
+    "FCMLPModelParams",
+    "GPT2ModelParams",
+    "InputParams",
+    "OptimizerParams",
+    "Params",
+    "RunConfig",
+    "SchedulePieceParams",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DataProcessor = Literal["TextFileDataProcessor", "TokenFileDataProcessor", "SyntheticDataProcessor",
+                        "DigitsDataProcessor"]  # fmt: skip
+DATA_PROCESSORS: tuple[str, ...] = DataProcessor.__args__  # type: ignore[attr-defined]
+
+
+def _zero_dropout(v: float) -> float:
+    if v != 0.0:
+        raise ValueError("weightstream supports only 0.0 (dropout is not implemented)")
+    return v
+
+
+ZeroDropout = Annotated[float, AfterValidator(_zero_dropout)]
+
+
+class InputParams(_Section):
+    data_processor: DataProcessor
+    data_dir: str | list[str] | None = None
+    batch_size: PositiveInt  # the global batch, divided evenly across num_csx
+    max_sequence_length: PositiveInt | None = None
+    shuffle: bool = True
+    shuffle_seed: int = 0
+
+
+class GPT2ModelParams(_Section):
+    name: Literal["gpt2"]
+    vocab_size: PositiveInt
+    hidden_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_heads: PositiveInt
+    filter_size: PositiveInt | None = None  # default 4 * hidden_size
+    max_position_embeddings: PositiveInt
+    position_embedding_type: Literal["learned"] = "learned"
+    share_embedding_weights: bool = True
+    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"  # both mean GPT-2's tanh approximation
+    layer_norm_epsilon: PositiveFloat = 1e-5
+    initializer_range: PositiveFloat = 0.02
+    dropout_rate: ZeroDropout = 0.0
+    embedding_dropout_rate: ZeroDropout = 0.0
+    attention_dropout_rate: ZeroDropout = 0.0
+    attention_type: Literal["scaled_dot_product"] = "scaled_dot_product"
+    norm_type: Literal["layernorm"] = "layernorm"
+    loss_scaling: Literal["num_tokens"] = "num_tokens"
+    use_projection_bias_in_attention: Literal[True] = True
+    use_ffn_bias_in_attention: Literal[True] = True
+    use_ffn_bias: Literal[True] = True
+    use_bias_in_output: Literal[False] = False
+    fp16_type: Literal["bfloat16"] | None = None  # bf16 on the wire; the master copy stays fp32
+
+    @property
+    def inner_size(self) -> int:
+        return self.filter_size if self.filter_size is not None else 4 * self.hidden_size
+
+
+class FCMLPModelParams(_Section):
+    name: Literal["fc_mlp"]
+    input_size: PositiveInt
+    hidden_size: PositiveInt
+    depth: PositiveInt  # number of hidden layers
+    num_classes: PositiveInt = 10
+    activation_fn: Literal["relu"] = "relu"
+    dropout: ZeroDropout = 0.0
+    fp16_type: Literal["bfloat16"] | None = None
+
+
+_SCHEDULER_NAMES = {"constant": "Constant", "linear": "Linear", "cosinedecay": "CosineDecay"}
+
+
+class SchedulePieceParams(_Section):
+    scheduler: Literal["Constant", "Linear", "CosineDecay"]
+    initial_learning_rate: Annotated[float, Field(ge=0)] | None = None
+    end_learning_rate: Annotated[float, Field(ge=0)] | None = None
+    learning_rate: Annotated[float, Field(ge=0)] | None = None  # Constant's value
+    total_iters: PositiveInt | None = None  # may be left out only by a last, Constant piece
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _canonical_name(cls, v: Any) -> Any:
+        return _SCHEDULER_NAMES.get(v.lower().replace("_", ""), v) if isinstance(v, str) else v
+
+
+class OptimizerParams(_Section):
+    optimizer_type: Literal["adamw", "adam", "sgd"]
+    learning_rate: list[SchedulePieceParams] = Field(min_length=1)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    eps: PositiveFloat = 1e-8
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    nesterov: bool = False
+    max_gradient_norm: PositiveFloat | None = None
+
+    @field_validator("optimizer_type", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @field_validator("learning_rate", mode="before")
+    @classmethod
+    def _constant_from_number(cls, v: Any) -> Any:
+        """A bare number means one Constant piece, so both forms validate through one model."""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return [{"scheduler": "Constant", "learning_rate": v}]
+        return v
+
+
+class RunConfig(_Section):
+    num_csx: PositiveInt = 1
+    num_wgt_servers: PositiveInt = 1
+    num_act_servers: PositiveInt = 1
+    max_steps: PositiveInt
+    log_steps: PositiveInt = 10
+    checkpoint_steps: NonNegativeInt = 0  # 0: a checkpoint only at the end
+    eval_frequency: NonNegativeInt = 0  # 0: evaluate only at the end (when eval_input is given)
+    eval_steps: PositiveInt = 1
+    seed: int = 0
+    model_dir: str = "./model_dir"
+    autoload_last_checkpoint: bool = True
+
+
+class Params(_Section):
+    train_input: InputParams
+    eval_input: InputParams | None = None
+    model: Annotated[GPT2ModelParams | FCMLPModelParams, Field(discriminator="name")]
+    optimizer: OptimizerParams
+    runconfig: RunConfig

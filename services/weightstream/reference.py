@@ -1,0 +1,81 @@
+"""The in-process reference: the whole training loop in one process, every weight resident.
+
+This is what the weight-streaming appliance must reproduce: the same data, the same initial weights,
+the same gradient sums (shard by shard, in shard order) and the same optimizer. It is also a useful
+trainer on its own for models that fit in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from weightstream.data import make_data_processor
+from weightstream.numerics import forward_backward, forward_loss, init_params
+from weightstream.numerics.model import accumulate_grads
+from weightstream.numerics.optim import clip_coefficient, grad_sq_sum, init_state, optimizer_step
+from weightstream.params import Params, model_def, optimizer_config
+
+__all__ = ["ReferenceTrainer", "StepResult"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # 1-based: the number of updates applied once this step is done
+    loss: float
+    learning_rate: float
+    grad_norm: float  # global norm before clipping
+    tokens: int  # target tokens (or samples) in the global batch
+    step_time_s: float
+
+
+class ReferenceTrainer:
+    def __init__(self, params: Params, num_shards: int | None = None) -> None:
+        self.params = params
+        self.model = model_def(params)
+        self.opt = optimizer_config(params.optimizer)
+        self.weights = init_params(self.model, params.runconfig.seed)
+        self.state = {n: init_state(self.opt.kind, s.shape) for n, s in self.model.specs.items()}
+        self.train_data = make_data_processor(params.train_input, params.model, "train")
+        self.eval_data = (
+            make_data_processor(params.eval_input, params.model, "eval") if params.eval_input else None
+        )
+        self.num_shards = num_shards or params.runconfig.num_csx
+        self.step = 0  # updates applied so far
+
+    def gradients(self, step: int) -> tuple[float, dict[str, np.ndarray], int]:
+        """Loss and summed gradients of the global batch of ``step``, computed shard by shard."""
+        loss = 0.0
+        grads: dict[str, np.ndarray] = {}
+        denom = 0
+        for w in range(self.num_shards):
+            x, y = self.train_data.shard(step, w, self.num_shards)
+            denom = denom or y.size * self.num_shards  # target tokens in the global batch
+            part_loss, part = forward_backward(self.model, self.weights, x, y, denom)
+            loss += part_loss
+            accumulate_grads(grads, part)
+        return loss, grads, denom
+
+    def train_step(self) -> StepResult:
+        t0 = time.perf_counter()
+        loss, grads, tokens = self.gradients(self.step)
+        norm, coef = clip_coefficient((grad_sq_sum(g) for g in grads.values()), self.opt.max_gradient_norm)
+        lr = self.opt.learning_rate(self.step)
+        for name, g in grads.items():
+            if coef != 1.0:
+                g *= np.float32(coef)
+            optimizer_step(self.opt, self.weights[name], g, self.state[name], step=self.step + 1, lr=lr)
+        self.step += 1
+        return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
+
+    def evaluate(self) -> float:
+        """Mean loss over ``runconfig.eval_steps`` batches of the eval split."""
+        if self.eval_data is None:
+            raise ValueError("params have no eval_input section")
+        losses = []
+        for s in range(self.params.runconfig.eval_steps):
+            x, y = self.eval_data.global_batch(s)
+            losses.append(forward_loss(self.model, self.weights, x, y, y.size))
+        return float(np.mean(losses))
