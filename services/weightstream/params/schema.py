@@ -127,6 +127,8 @@ class OptimizerParams(_Section):
     def _constant_from_number(cls, v: Any) -> Any:
         """A bare number means one Constant piece, so both forms validate through one model."""
         if isinstance(v, int | float) and not isinstance(v, bool):
+            if v < 0:  # checked here so the message names the key the user wrote
+                raise ValueError("Input should be greater than or equal to 0")
             return [{"scheduler": "Constant", "learning_rate": v}]
         return v
 

@@ -1,0 +1,131 @@
+"""Optimizers, schedules and clipping against torch.optim, step for step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from weightstream.numerics.optim import (
+    OptimizerConfig,
+    SchedulePiece,
+    clip_coefficient,
+    grad_sq_sum,
+    init_state,
+    learning_rate_at,
+    optimizer_step,
+)
+
+torch = pytest.importorskip("torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]")
+
+SHAPES = [(7, 5), (13,), (3, 4, 2)]
+SCHEDULE = (
+    SchedulePiece("Linear", 0.0, 1e-2, 5),
+    SchedulePiece("CosineDecay", 1e-2, 1e-3, 10),
+    SchedulePiece("Constant", 5e-4, 5e-4, 1 << 62),
+)
+CONFIGS = {
+    "adamw": OptimizerConfig("adamw", SCHEDULE, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, max_gradient_norm=0.5),
+    "adam": OptimizerConfig("adam", SCHEDULE, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05, max_gradient_norm=2.0),
+    "sgd": OptimizerConfig("sgd", SCHEDULE, momentum=0.9, weight_decay=0.01, max_gradient_norm=1.0),
+    "sgd_nesterov": OptimizerConfig("sgd", SCHEDULE, momentum=0.8, nesterov=True, max_gradient_norm=None),
+    "sgd_plain": OptimizerConfig("sgd", SCHEDULE),
+}
+
+
+def _torch_optimizer(cfg: OptimizerConfig, params: list) -> torch.optim.Optimizer:
+    if cfg.kind == "adamw":
+        return torch.optim.AdamW(params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                 foreach=False)  # fmt: skip
+    if cfg.kind == "adam":
+        return torch.optim.Adam(params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                foreach=False)  # fmt: skip
+    return torch.optim.SGD(params, lr=1.0, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                           weight_decay=cfg.weight_decay, foreach=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-10, 1e-12), (np.float32, 2e-5, 1e-6)],
+                         ids=["float64", "float32"])  # fmt: skip
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_optimizer_matches_torch_over_20_steps(name: str, dtype, rtol: float, atol: float, rng) -> None:
+    cfg = CONFIGS[name]
+    ours = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    states = [{k: v.astype(dtype) for k, v in init_state(cfg.kind, s).items()} for s in SHAPES]
+    theirs = [torch.tensor(p.copy(), requires_grad=True) for p in ours]
+    opt = _torch_optimizer(cfg, theirs)
+    for step in range(20):
+        grads = [rng.standard_normal(s).astype(dtype) * (3.0 if step % 4 == 0 else 0.3) for s in SHAPES]
+        lr = cfg.learning_rate(step)
+        # torch: gradients, global-norm clipping, lr for this step, update
+        for t, g in zip(theirs, grads, strict=True):
+            t.grad = torch.tensor(g.copy())
+        if cfg.max_gradient_norm is not None:
+            ref_norm = float(torch.nn.utils.clip_grad_norm_(theirs, cfg.max_gradient_norm))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        # ours: the same, split the way MemoryX shards split it (per-tensor sums, then one coefficient)
+        norm, coef = clip_coefficient([grad_sq_sum(g) for g in grads], cfg.max_gradient_norm)
+        if cfg.max_gradient_norm is not None:
+            assert_allclose(norm, ref_norm, rtol=1e-6)
+        for p, g, st in zip(ours, grads, states, strict=True):
+            g *= dtype(coef)
+            optimizer_step(cfg, p, g, st, step=step + 1, lr=lr)
+        for p, t in zip(ours, theirs, strict=True):
+            assert_allclose(p, t.detach().numpy(), rtol=rtol, atol=atol, err_msg=f"step {step + 1}")
+        assert all(p.dtype == dtype for p in ours)
+
+
+def test_adam_state_matches_torch_names(rng) -> None:
+    cfg = CONFIGS["adamw"]
+    p = rng.standard_normal(6)
+    t = torch.tensor(p.copy(), requires_grad=True)
+    opt = _torch_optimizer(cfg, [t])
+    g = rng.standard_normal(6)
+    t.grad = torch.tensor(g.copy())
+    opt.step()
+    st = init_state("adamw", (6,))
+    st = {k: v.astype(np.float64) for k, v in st.items()}
+    optimizer_step(cfg, p, g.copy(), st, step=1, lr=1.0)
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert_allclose(st[k], opt.state[t][k].numpy(), rtol=1e-12)
+
+
+def test_schedule_pieces_match_torch_schedulers() -> None:
+    base = 1e-2
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=base)
+    lin = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=7)
+    ours = SchedulePiece("Linear", 0.1 * base, base, 7)
+    for s in range(12):
+        assert_allclose(ours.at(s), opt.param_groups[0]["lr"], rtol=1e-9, err_msg=f"linear step {s}")
+        opt.step()
+        lin.step()
+    opt = torch.optim.SGD([p], lr=base)
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=9, eta_min=1e-4)
+    ours = SchedulePiece("CosineDecay", base, 1e-4, 9)
+    for s in range(10):  # torch's cosine keeps going past T_max (it is periodic); ours holds the end
+        assert_allclose(ours.at(s), opt.param_groups[0]["lr"], rtol=1e-9, err_msg=f"cosine step {s}")
+        opt.step()
+        cos.step()
+
+
+def test_sequential_schedule() -> None:
+    assert learning_rate_at(SCHEDULE, 0) == 0.0
+    assert_allclose(learning_rate_at(SCHEDULE, 4), 0.8e-2)
+    assert_allclose(learning_rate_at(SCHEDULE, 5), 1e-2)  # the cosine piece starts at its initial value
+    assert_allclose(learning_rate_at(SCHEDULE, 10), 1e-3 + (1e-2 - 1e-3) * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert learning_rate_at(SCHEDULE, 15) == 5e-4
+    assert learning_rate_at(SCHEDULE, 10**6) == 5e-4
+    only = (SchedulePiece("Linear", 1.0, 0.0, 4),)
+    assert learning_rate_at(only, 4) == 0.0 and learning_rate_at(only, 100) == 0.0
+
+
+def test_clip_coefficient() -> None:
+    assert clip_coefficient([9.0, 16.0], None) == (5.0, 1.0)
+    norm, coef = clip_coefficient([9.0, 16.0], 1.0)
+    assert norm == 5.0 and coef == pytest.approx(1.0 / (5.0 + 1e-6))
+    assert clip_coefficient([0.01], 1.0)[1] == 1.0
+    assert grad_sq_sum(np.full((3, 3), 2.0, dtype=np.float32)) == 36.0

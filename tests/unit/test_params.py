@@ -1,0 +1,160 @@
+"""Params validation: good files load; each bad file is rejected naming the key path."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from weightstream.numerics.optim import learning_rate_at
+from weightstream.params import ParamsError, dump_params, load_params, model_def, optimizer_config
+
+EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
+
+GOOD: dict[str, Any] = {
+    "train_input": {"data_processor": "TextFileDataProcessor", "data_dir": "./data/train", "batch_size": 32,
+                    "max_sequence_length": 128, "shuffle": True, "shuffle_seed": 1},
+    "eval_input": {"data_processor": "TextFileDataProcessor", "data_dir": "./data/val", "batch_size": 32,
+                   "max_sequence_length": 128},
+    "model": {"name": "gpt2", "vocab_size": 256, "hidden_size": 256, "num_hidden_layers": 4, "num_heads": 4,
+              "filter_size": 1024, "max_position_embeddings": 128, "position_embedding_type": "learned",
+              "share_embedding_weights": True, "nonlinearity": "gelu", "layer_norm_epsilon": 1.0e-5,
+              "dropout_rate": 0.0, "fp16_type": None},
+    "optimizer": {"optimizer_type": "adamw", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.01,
+                  "max_gradient_norm": 1.0, "learning_rate": [
+                      {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 3.0e-4,
+                       "total_iters": 50},
+                      {"scheduler": "CosineDecay", "initial_learning_rate": 3.0e-4, "end_learning_rate": 3.0e-5,
+                       "total_iters": 950}]},
+    "runconfig": {"num_csx": 2, "num_wgt_servers": 2, "num_act_servers": 1, "max_steps": 1000, "log_steps": 10,
+                  "checkpoint_steps": 200, "eval_frequency": 200, "eval_steps": 10, "seed": 1,
+                  "model_dir": "./model_dir", "autoload_last_checkpoint": True},
+}  # fmt: skip
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """GOOD with one key set (value ...) or deleted (value is DELETE)."""
+    d = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = d
+    for k in parents:
+        node = node[int(k)] if k.isdigit() else node[k]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return d
+
+
+DELETE = object()
+
+# (what is wrong, the edit, the key path the message must name, a word the message must contain)
+BAD = [
+    ("unknown key", ("model.hiden_size", 3), "model.hiden_size", "hidden_size"),
+    ("unknown section", ("runconfg", {}), "runconfg", "runconfig"),
+    ("wrong type", ("model.num_heads", "four"), "model.num_heads", "integer"),
+    ("negative", ("runconfig.max_steps", -5), "runconfig.max_steps", "greater than 0"),
+    ("heads do not divide", ("model.num_heads", 3), "model.hidden_size", "divisible"),
+    ("batch not divisible", ("train_input.batch_size", 33), "train_input.batch_size", "num_csx"),
+    ("eval batch not divisible", ("eval_input.batch_size", 31), "eval_input.batch_size", "num_csx"),
+    ("data_dir missing", ("train_input.data_dir", DELETE), "train_input.data_dir", "required"),
+    ("missing section", ("optimizer", DELETE), "optimizer", "missing"),
+    ("missing model key", ("model.vocab_size", DELETE), "model.vocab_size", "missing"),
+    ("unknown model name", ("model.name", "gpt3"), "model.name", "gpt2"),
+    ("sequence too long", ("train_input.max_sequence_length", 129), "train_input.max_sequence_length",
+     "max_position_embeddings"),
+    ("vocab too small for bytes", ("model.vocab_size", 100), "model.vocab_size", "256"),
+    ("unsupported dropout", ("model.dropout_rate", 0.1), "model.dropout_rate", "0.0"),
+    ("unsupported position type", ("model.position_embedding_type", "rotary"), "model.position_embedding_type",
+     "learned"),
+    ("unsupported fp16 type", ("model.fp16_type", "float16"), "model.fp16_type", "bfloat16"),
+    ("known ModelZoo key not implemented", ("model.rotary_dim", 64), "model.rotary_dim", "does not implement"),
+    ("ModelZoo loader knob", ("train_input.num_workers", 8), "train_input.num_workers", "does not implement"),
+    ("ModelZoo optimizer key", ("optimizer.max_gradient_value", 1.0), "optimizer.max_gradient_value",
+     "max_gradient_norm"),
+    ("sparsity", ("sparsity", {"type": "static"}), "sparsity", "not implemented"),
+    ("unknown optimizer", ("optimizer.optimizer_type", "lamb"), "optimizer.optimizer_type", "adamw"),
+    ("beta out of range", ("optimizer.betas", [0.9, 1.5]), "optimizer.betas[1]", "less than 1"),
+    ("momentum on adam", ("optimizer.momentum", 0.9), "optimizer.momentum", "sgd"),
+    ("unknown scheduler", ("optimizer.learning_rate.1.scheduler", "Exponential"),
+     "optimizer.learning_rate[1].scheduler", "CosineDecay"),
+    ("scheduler needs total_iters", ("optimizer.learning_rate.0.total_iters", DELETE),
+     "optimizer.learning_rate[0].total_iters", "required"),
+    ("negative lr", ("optimizer.learning_rate", -1.0), "optimizer.learning_rate", "greater than or equal"),
+    ("eval without eval_input", ("eval_input", DELETE), "runconfig.eval_frequency", "eval_input"),
+    ("too many weight servers", ("runconfig.num_wgt_servers", 7), "runconfig.num_wgt_servers", "6"),
+    ("digits for gpt2", ("train_input.data_processor", "DigitsDataProcessor"), "train_input.data_processor",
+     "fc_mlp"),
+    ("unknown data processor", ("train_input.data_processor", "HDF5DataProcessor"), "train_input.data_processor",
+     "SyntheticDataProcessor"),
+]  # fmt: skip
+
+
+def test_good_params_load() -> None:
+    p = load_params(GOOD)
+    assert p.runconfig.num_csx == 2 and p.model.inner_size == 1024
+    assert model_def(p).family == "gpt2"
+    cfg = optimizer_config(p.optimizer)
+    assert cfg.kind == "adamw" and learning_rate_at(cfg.schedule, 50) == 3.0e-4
+
+
+@pytest.mark.parametrize("name,edit,path,word", BAD, ids=[b[0] for b in BAD])
+def test_bad_params_rejected_with_key_path(name: str, edit: tuple[str, Any], path: str, word: str) -> None:
+    with pytest.raises(ParamsError) as info:
+        load_params(_with(*edit))
+    paths = [p.path for p in info.value.problems]
+    assert path in paths, f"{name}: expected a problem at {path}, got {paths}"
+    msg = next(str(p) for p in info.value.problems if p.path == path)
+    assert word in msg, f"{name}: message {msg!r} lacks {word!r}"
+    assert path in str(info.value)
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    d = _with("model.num_heads", 3)
+    d["runconfig"]["max_steps"] = 0
+    d["model"]["hiden"] = 1
+    with pytest.raises(ParamsError) as info:
+        load_params(d)
+    assert {"runconfig.max_steps", "model.hiden"} <= {p.path for p in info.value.problems}
+
+
+def test_overrides_replace_runconfig_and_are_validated() -> None:
+    assert load_params(GOOD, overrides={"num_csx": 4}).runconfig.num_csx == 4
+    with pytest.raises(ParamsError, match=r"train_input.batch_size: must be divisible by runconfig.num_csx=5"):
+        load_params(GOOD, overrides={"num_csx": 5})
+
+
+def test_scalar_learning_rate_and_case_insensitive_names() -> None:
+    d = _with("optimizer.learning_rate", 1e-3)
+    d["optimizer"]["optimizer_type"] = "AdamW"
+    p = load_params(d)
+    assert p.optimizer.optimizer_type == "adamw"
+    assert optimizer_config(p.optimizer).learning_rate(10**9) == 1e-3
+
+
+def test_files_and_yaml_errors(tmp_path: Path) -> None:
+    with pytest.raises(ParamsError, match="cannot be read"):
+        load_params(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ParamsError, match="must be a mapping"):
+        load_params(bad)
+
+
+def test_resolved_params_round_trip(tmp_path: Path) -> None:
+    p = load_params(GOOD)
+    out = tmp_path / "params.yaml"
+    out.write_text(dump_params(p))
+    assert load_params(out) == p
+    assert yaml.safe_load(out.read_text())["model"]["use_ffn_bias"] is True  # defaults are written out
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda f: f.stem)
+def test_shipped_examples_are_valid(example: Path) -> None:
+    load_params(example)
