@@ -17,8 +17,9 @@ def to_torch(params: Mapping[str, np.ndarray], dtype: torch.dtype) -> dict[str, 
     return {n: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=True) for n, v in params.items()}
 
 
-def gpt2_logits(p: Mapping[str, torch.Tensor], ids: torch.Tensor, n_layer: int, n_head: int, eps: float,
-                tied: bool = True) -> torch.Tensor:
+def gpt2_logits(
+    p: Mapping[str, torch.Tensor], ids: torch.Tensor, n_layer: int, n_head: int, eps: float, tied: bool = True
+) -> torch.Tensor:
     b, t = ids.shape
     x = p["transformer.wte.weight"][ids] + p["transformer.wpe.weight"][:t]
     c = x.shape[-1]
@@ -38,8 +39,9 @@ def gpt2_logits(p: Mapping[str, torch.Tensor], ids: torch.Tensor, n_layer: int, 
     return x @ head.T
 
 
-def loss_and_grads(p: Mapping[str, torch.Tensor], logits: torch.Tensor, targets: np.ndarray
-                   ) -> tuple[float, dict[str, np.ndarray]]:
+def loss_and_grads(
+    p: Mapping[str, torch.Tensor], logits: torch.Tensor, targets: np.ndarray
+) -> tuple[float, dict[str, np.ndarray]]:
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.as_tensor(targets).reshape(-1).long())
     loss.backward()
     return loss.item(), {n: t.grad.numpy() for n, t in p.items()}

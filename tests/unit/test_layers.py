@@ -10,7 +10,9 @@ from numpy.testing import assert_allclose
 
 from weightstream.numerics import layers as L
 
-torch = pytest.importorskip("torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]")
+torch = pytest.importorskip(
+    "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
+)
 F = torch.nn.functional
 
 # (dtype, rtol, atol): float64 at the tolerance the issue fixes, float32 looser for rounding.
@@ -22,8 +24,11 @@ B, T, C, H, V = 2, 5, 8, 2, 11
 
 
 def _linear_case(rng, dt):
-    return [rng.standard_normal((B, T, C)).astype(dt), rng.standard_normal((C, 6)).astype(dt),
-            rng.standard_normal(6).astype(dt)]
+    return [
+        rng.standard_normal((B, T, C)).astype(dt),
+        rng.standard_normal((C, 6)).astype(dt),
+        rng.standard_normal(6).astype(dt),
+    ]
 
 
 def _linear_np(x, w, b, dy):
@@ -33,8 +38,11 @@ def _linear_np(x, w, b, dy):
 
 
 def _ln_case(rng, dt):
-    return [rng.standard_normal((B, T, C)).astype(dt) * 3 + 1, 1 + 0.1 * rng.standard_normal(C).astype(dt),
-            0.1 * rng.standard_normal(C).astype(dt)]
+    return [
+        rng.standard_normal((B, T, C)).astype(dt) * 3 + 1,
+        1 + 0.1 * rng.standard_normal(C).astype(dt),
+        0.1 * rng.standard_normal(C).astype(dt),
+    ]
 
 
 def _ln_np(x, g, b, dy):
@@ -43,7 +51,8 @@ def _ln_np(x, g, b, dy):
 
 
 def _gelu_np(x, dy):
-    return L.gelu_forward(x), [L.gelu_backward(x, dy)]
+    y, th = L.gelu_forward(x)
+    return y, [L.gelu_backward(x, th, dy)]
 
 
 def _relu_np(x, dy):
@@ -72,12 +81,18 @@ def _embed_np(table, dy):
 CASES: dict[str, tuple[Callable, Callable, Callable]] = {
     "linear": (_linear_case, _linear_np, lambda x, w, b: x @ w + b),
     "layer_norm": (_ln_case, _ln_np, lambda x, g, b: F.layer_norm(x, (C,), g, b, 1e-5)),
-    "gelu": (lambda r, dt: [r.standard_normal((B, T, C)).astype(dt) * 2], _gelu_np,
-             lambda x: F.gelu(x, approximate="tanh")),
+    "gelu": (
+        lambda r, dt: [r.standard_normal((B, T, C)).astype(dt) * 2],
+        _gelu_np,
+        lambda x: F.gelu(x, approximate="tanh"),
+    ),
     "relu": (lambda r, dt: [r.standard_normal((B, T, C)).astype(dt)], _relu_np, F.relu),
     "attention": (lambda r, dt: [r.standard_normal((B, T, 3 * C)).astype(dt)], _attn_np, _attn_torch),
-    "embedding": (lambda r, dt: [r.standard_normal((V, C)).astype(dt)], _embed_np,
-                  lambda table: table[torch.as_tensor(IDS)]),
+    "embedding": (
+        lambda r, dt: [r.standard_normal((V, C)).astype(dt)],
+        _embed_np,
+        lambda table: table[torch.as_tensor(IDS)],
+    ),
 }
 
 
@@ -118,7 +133,9 @@ def test_layer_matches_finite_differences(case: str, rng) -> None:
     r = rng.standard_normal(out_shape)  # scalar objective sum(y * r) exercises every output
     _, grads = np_fn(*[a.copy() for a in inputs], r.copy())
     for k, g in enumerate(grads):
-        fd = _finite_difference(lambda: float(np.sum(np_fn(*[a.copy() for a in inputs], r)[0] * r)), inputs[k])
+        fd = _finite_difference(
+            lambda: float(np.sum(np_fn(*[a.copy() for a in inputs], r)[0] * r)), inputs[k]
+        )
         assert_allclose(g, fd, rtol=1e-5, atol=1e-6)
 
 

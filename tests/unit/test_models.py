@@ -18,13 +18,17 @@ from weightstream.numerics import (
     init_params,
 )
 
-torch = pytest.importorskip("torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]")
+torch = pytest.importorskip(
+    "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
+)
 from tests import torch_reference as ref  # noqa: E402
 
 CFG = GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=3, n_head=4, n_inner=40)
 
 
-def _batch(rng: np.random.Generator, cfg: GPT2Config, b: int = 3, t: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def _batch(
+    rng: np.random.Generator, cfg: GPT2Config, b: int = 3, t: int = 10
+) -> tuple[np.ndarray, np.ndarray]:
     ids = rng.integers(0, cfg.vocab_size, (b, t + 1))
     return ids[:, :-1], ids[:, 1:]
 
@@ -115,7 +119,11 @@ def test_units_and_ownership() -> None:
     assert "transformer.wte.weight" in model.units[-1].param_names
     assert "transformer.wte.weight" not in model.owned_by(len(model.units) - 1)
     assert sum(len(model.owned_by(i)) for i in range(len(model.units))) == len(model.specs)
-    expected = CFG.vocab_size * 16 + 12 * 16 + 3 * (4 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 40 + 40 + 40 * 16 + 16)
+    expected = (
+        CFG.vocab_size * 16
+        + 12 * 16
+        + 3 * (4 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 40 + 40 + 40 * 16 + 16)
+    )
     assert model.num_params == expected + 2 * 16
 
 

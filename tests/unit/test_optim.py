@@ -18,7 +18,9 @@ from weightstream.numerics.optim import (
     optimizer_step,
 )
 
-torch = pytest.importorskip("torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]")
+torch = pytest.importorskip(
+    "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
+)
 
 SHAPES = [(7, 5), (13,), (3, 4, 2)]
 SCHEDULE = (
@@ -27,8 +29,12 @@ SCHEDULE = (
     SchedulePiece("Constant", 5e-4, 5e-4, 1 << 62),
 )
 CONFIGS = {
-    "adamw": OptimizerConfig("adamw", SCHEDULE, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, max_gradient_norm=0.5),
-    "adam": OptimizerConfig("adam", SCHEDULE, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05, max_gradient_norm=2.0),
+    "adamw": OptimizerConfig(
+        "adamw", SCHEDULE, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, max_gradient_norm=0.5
+    ),
+    "adam": OptimizerConfig(
+        "adam", SCHEDULE, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05, max_gradient_norm=2.0
+    ),
     "sgd": OptimizerConfig("sgd", SCHEDULE, momentum=0.9, weight_decay=0.01, max_gradient_norm=1.0),
     "sgd_nesterov": OptimizerConfig("sgd", SCHEDULE, momentum=0.8, nesterov=True, max_gradient_norm=None),
     "sgd_plain": OptimizerConfig("sgd", SCHEDULE),
@@ -37,17 +43,26 @@ CONFIGS = {
 
 def _torch_optimizer(cfg: OptimizerConfig, params: list) -> torch.optim.Optimizer:
     if cfg.kind == "adamw":
-        return torch.optim.AdamW(params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                 foreach=False)  # fmt: skip
+        return torch.optim.AdamW(
+            params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+        )
     if cfg.kind == "adam":
-        return torch.optim.Adam(params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                foreach=False)  # fmt: skip
-    return torch.optim.SGD(params, lr=1.0, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay, foreach=False)  # fmt: skip
+        return torch.optim.Adam(
+            params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+        )
+    return torch.optim.SGD(
+        params,
+        lr=1.0,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        weight_decay=cfg.weight_decay,
+        foreach=False,
+    )
 
 
-@pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-10, 1e-12), (np.float32, 2e-5, 1e-6)],
-                         ids=["float64", "float32"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,rtol,atol", [(np.float64, 1e-10, 1e-12), (np.float32, 2e-5, 1e-6)], ids=["float64", "float32"]
+)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_optimizer_matches_torch_over_20_steps(name: str, dtype, rtol: float, atol: float, rng) -> None:
     cfg = CONFIGS[name]

@@ -15,24 +15,70 @@ from weightstream.params import ParamsError, dump_params, load_params, model_def
 EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
 
 GOOD: dict[str, Any] = {
-    "train_input": {"data_processor": "TextFileDataProcessor", "data_dir": "./data/train", "batch_size": 32,
-                    "max_sequence_length": 128, "shuffle": True, "shuffle_seed": 1},
-    "eval_input": {"data_processor": "TextFileDataProcessor", "data_dir": "./data/val", "batch_size": 32,
-                   "max_sequence_length": 128},
-    "model": {"name": "gpt2", "vocab_size": 256, "hidden_size": 256, "num_hidden_layers": 4, "num_heads": 4,
-              "filter_size": 1024, "max_position_embeddings": 128, "position_embedding_type": "learned",
-              "share_embedding_weights": True, "nonlinearity": "gelu", "layer_norm_epsilon": 1.0e-5,
-              "dropout_rate": 0.0, "fp16_type": None},
-    "optimizer": {"optimizer_type": "adamw", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.01,
-                  "max_gradient_norm": 1.0, "learning_rate": [
-                      {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 3.0e-4,
-                       "total_iters": 50},
-                      {"scheduler": "CosineDecay", "initial_learning_rate": 3.0e-4, "end_learning_rate": 3.0e-5,
-                       "total_iters": 950}]},
-    "runconfig": {"num_csx": 2, "num_wgt_servers": 2, "num_act_servers": 1, "max_steps": 1000, "log_steps": 10,
-                  "checkpoint_steps": 200, "eval_frequency": 200, "eval_steps": 10, "seed": 1,
-                  "model_dir": "./model_dir", "autoload_last_checkpoint": True},
-}  # fmt: skip
+    "train_input": {
+        "data_processor": "TextFileDataProcessor",
+        "data_dir": "./data/train",
+        "batch_size": 32,
+        "max_sequence_length": 128,
+        "shuffle": True,
+        "shuffle_seed": 1,
+    },
+    "eval_input": {
+        "data_processor": "TextFileDataProcessor",
+        "data_dir": "./data/val",
+        "batch_size": 32,
+        "max_sequence_length": 128,
+    },
+    "model": {
+        "name": "gpt2",
+        "vocab_size": 256,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_heads": 4,
+        "filter_size": 1024,
+        "max_position_embeddings": 128,
+        "position_embedding_type": "learned",
+        "share_embedding_weights": True,
+        "nonlinearity": "gelu",
+        "layer_norm_epsilon": 1.0e-5,
+        "dropout_rate": 0.0,
+        "fp16_type": None,
+    },
+    "optimizer": {
+        "optimizer_type": "adamw",
+        "betas": [0.9, 0.95],
+        "eps": 1.0e-8,
+        "weight_decay": 0.01,
+        "max_gradient_norm": 1.0,
+        "learning_rate": [
+            {
+                "scheduler": "Linear",
+                "initial_learning_rate": 0.0,
+                "end_learning_rate": 3.0e-4,
+                "total_iters": 50,
+            },
+            {
+                "scheduler": "CosineDecay",
+                "initial_learning_rate": 3.0e-4,
+                "end_learning_rate": 3.0e-5,
+                "total_iters": 950,
+            },
+        ],
+    },
+    "runconfig": {
+        "num_csx": 2,
+        "num_wgt_servers": 2,
+        "num_act_servers": 1,
+        "max_steps": 1000,
+        "log_steps": 10,
+        "checkpoint_steps": 200,
+        "eval_frequency": 200,
+        "eval_steps": 10,
+        "seed": 1,
+        "model_dir": "./model_dir",
+        "autoload_last_checkpoint": True,
+    },
+}
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -64,33 +110,66 @@ BAD = [
     ("missing section", ("optimizer", DELETE), "optimizer", "missing"),
     ("missing model key", ("model.vocab_size", DELETE), "model.vocab_size", "missing"),
     ("unknown model name", ("model.name", "gpt3"), "model.name", "gpt2"),
-    ("sequence too long", ("train_input.max_sequence_length", 129), "train_input.max_sequence_length",
-     "max_position_embeddings"),
+    (
+        "sequence too long",
+        ("train_input.max_sequence_length", 129),
+        "train_input.max_sequence_length",
+        "max_position_embeddings",
+    ),
     ("vocab too small for bytes", ("model.vocab_size", 100), "model.vocab_size", "256"),
     ("unsupported dropout", ("model.dropout_rate", 0.1), "model.dropout_rate", "0.0"),
-    ("unsupported position type", ("model.position_embedding_type", "rotary"), "model.position_embedding_type",
-     "learned"),
+    (
+        "unsupported position type",
+        ("model.position_embedding_type", "rotary"),
+        "model.position_embedding_type",
+        "learned",
+    ),
     ("unsupported fp16 type", ("model.fp16_type", "float16"), "model.fp16_type", "bfloat16"),
-    ("known ModelZoo key not implemented", ("model.rotary_dim", 64), "model.rotary_dim", "does not implement"),
+    (
+        "known ModelZoo key not implemented",
+        ("model.rotary_dim", 64),
+        "model.rotary_dim",
+        "does not implement",
+    ),
     ("ModelZoo loader knob", ("train_input.num_workers", 8), "train_input.num_workers", "does not implement"),
-    ("ModelZoo optimizer key", ("optimizer.max_gradient_value", 1.0), "optimizer.max_gradient_value",
-     "max_gradient_norm"),
+    (
+        "ModelZoo optimizer key",
+        ("optimizer.max_gradient_value", 1.0),
+        "optimizer.max_gradient_value",
+        "max_gradient_norm",
+    ),
     ("sparsity", ("sparsity", {"type": "static"}), "sparsity", "not implemented"),
     ("unknown optimizer", ("optimizer.optimizer_type", "lamb"), "optimizer.optimizer_type", "adamw"),
     ("beta out of range", ("optimizer.betas", [0.9, 1.5]), "optimizer.betas[1]", "less than 1"),
     ("momentum on adam", ("optimizer.momentum", 0.9), "optimizer.momentum", "sgd"),
-    ("unknown scheduler", ("optimizer.learning_rate.1.scheduler", "Exponential"),
-     "optimizer.learning_rate[1].scheduler", "CosineDecay"),
-    ("scheduler needs total_iters", ("optimizer.learning_rate.0.total_iters", DELETE),
-     "optimizer.learning_rate[0].total_iters", "required"),
+    (
+        "unknown scheduler",
+        ("optimizer.learning_rate.1.scheduler", "Exponential"),
+        "optimizer.learning_rate[1].scheduler",
+        "CosineDecay",
+    ),
+    (
+        "scheduler needs total_iters",
+        ("optimizer.learning_rate.0.total_iters", DELETE),
+        "optimizer.learning_rate[0].total_iters",
+        "required",
+    ),
     ("negative lr", ("optimizer.learning_rate", -1.0), "optimizer.learning_rate", "greater than or equal"),
     ("eval without eval_input", ("eval_input", DELETE), "runconfig.eval_frequency", "eval_input"),
     ("too many weight servers", ("runconfig.num_wgt_servers", 7), "runconfig.num_wgt_servers", "6"),
-    ("digits for gpt2", ("train_input.data_processor", "DigitsDataProcessor"), "train_input.data_processor",
-     "fc_mlp"),
-    ("unknown data processor", ("train_input.data_processor", "HDF5DataProcessor"), "train_input.data_processor",
-     "SyntheticDataProcessor"),
-]  # fmt: skip
+    (
+        "digits for gpt2",
+        ("train_input.data_processor", "DigitsDataProcessor"),
+        "train_input.data_processor",
+        "fc_mlp",
+    ),
+    (
+        "unknown data processor",
+        ("train_input.data_processor", "HDF5DataProcessor"),
+        "train_input.data_processor",
+        "SyntheticDataProcessor",
+    ),
+]
 
 
 def test_good_params_load() -> None:
@@ -123,7 +202,9 @@ def test_all_problems_are_reported_at_once() -> None:
 
 def test_overrides_replace_runconfig_and_are_validated() -> None:
     assert load_params(GOOD, overrides={"num_csx": 4}).runconfig.num_csx == 4
-    with pytest.raises(ParamsError, match=r"train_input.batch_size: must be divisible by runconfig.num_csx=5"):
+    with pytest.raises(
+        ParamsError, match=r"train_input.batch_size: must be divisible by runconfig.num_csx=5"
+    ):
         load_params(GOOD, overrides={"num_csx": 5})
 
 

@@ -15,7 +15,9 @@ EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
 
 
 def _small_gpt2(max_steps: int, num_csx: int = 1):
-    return load_params(EXAMPLES / "gpt2_synthetic.yaml", overrides={"max_steps": max_steps, "num_csx": num_csx})
+    return load_params(
+        EXAMPLES / "gpt2_synthetic.yaml", overrides={"max_steps": max_steps, "num_csx": num_csx}
+    )
 
 
 def test_gpt2_synthetic_loss_falls_well_below_start() -> None:

@@ -78,13 +78,17 @@ class DataProcessor(ABC):
 class _WindowedTokens(DataProcessor):
     """A token stream cut into non-overlapping windows of T+1 tokens (inputs and shifted targets)."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, shuffle: bool, what: str):
+    def __init__(
+        self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, shuffle: bool, what: str
+    ):
         super().__init__(batch_size, seed, shuffle)
         self.tokens, self.seq_len = tokens, seq_len
         self._n = (len(tokens) - 1) // seq_len
         if self._n < 1:
-            raise DataError(f"{what} holds {len(tokens)} tokens, fewer than one sample of "
-                            f"max_sequence_length+1 = {seq_len + 1}")  # fmt: skip
+            raise DataError(
+                f"{what} holds {len(tokens)} tokens, fewer than one sample of "
+                f"max_sequence_length+1 = {seq_len + 1}"
+            )
 
     @property
     def num_samples(self) -> int:
@@ -118,8 +122,12 @@ class TokenFileDataProcessor(_WindowedTokens):
         tokens = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         top = int(tokens.max())
         if top >= vocab_size:
-            raise DataError(f"token id {top} in {inp.data_dir!r} is out of range for model.vocab_size={vocab_size}")
-        super().__init__(tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir))
+            raise DataError(
+                f"token id {top} in {inp.data_dir!r} is out of range for model.vocab_size={vocab_size}"
+            )
+        super().__init__(
+            tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir)
+        )
 
 
 class TextFileDataProcessor(_WindowedTokens):
@@ -129,7 +137,9 @@ class TextFileDataProcessor(_WindowedTokens):
         assert inp.data_dir is not None and inp.max_sequence_length is not None
         data = b"".join(f.read_bytes() for f in _files(inp.data_dir, "*.txt", "TextFile"))
         tokens = np.frombuffer(data, dtype=np.uint8)
-        super().__init__(tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir))
+        super().__init__(
+            tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir)
+        )
 
 
 class SyntheticDataProcessor(DataProcessor):
@@ -147,7 +157,9 @@ class SyntheticDataProcessor(DataProcessor):
         if isinstance(model, FCMLPModelParams):
             # the task itself (class centres) is fixed by the model's shape, the same for every split and seed
             centres_rng = np.random.default_rng([model.input_size, model.num_classes])
-            self.centres = centres_rng.standard_normal((model.num_classes, model.input_size)).astype(np.float32)
+            self.centres = centres_rng.standard_normal((model.num_classes, model.input_size)).astype(
+                np.float32
+            )
 
     @property
     def num_samples(self) -> None:
@@ -197,7 +209,9 @@ def make_data_processor(inp: InputParams, model: ModelParams, split: Split) -> D
     seed = inp.shuffle_seed if split == "train" else inp.shuffle_seed + 1_000_003
     match inp.data_processor:
         case "TokenFileDataProcessor":
-            return TokenFileDataProcessor(inp, model.vocab_size if isinstance(model, GPT2ModelParams) else 0, seed)
+            return TokenFileDataProcessor(
+                inp, model.vocab_size if isinstance(model, GPT2ModelParams) else 0, seed
+            )
         case "TextFileDataProcessor":
             return TextFileDataProcessor(inp, seed)
         case "SyntheticDataProcessor":

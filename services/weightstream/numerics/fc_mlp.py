@@ -5,6 +5,7 @@ Each hidden layer is one unit, the output layer another. Weights are stored [in,
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class DenseUnit:
 def build_fc_mlp(cfg: FCMLPConfig) -> ModelDef:
     sizes = (cfg.input_size, *cfg.hidden_sizes, cfg.num_classes)
     units, specs = [], []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         last = i == len(sizes) - 2
         unit = DenseUnit("head" if last else f"fc.{i}", relu=not last)
         bound = 1.0 / math.sqrt(n_in)  # torch.nn.Linear's default init

@@ -75,11 +75,20 @@ class BlockUnit:
         self.param_names = tuple(
             p + s
             for s in (
-                "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+                "ln_1.weight",
+                "ln_1.bias",
+                "attn.c_attn.weight",
+                "attn.c_attn.bias",
+                "attn.c_proj.weight",
+                "attn.c_proj.bias",
+                "ln_2.weight",
+                "ln_2.bias",
+                "mlp.c_fc.weight",
+                "mlp.c_fc.bias",
+                "mlp.c_proj.weight",
+                "mlp.c_proj.bias",
             )
-        )  # fmt: skip
+        )
 
     def forward(self, params: Params, x: np.ndarray) -> tuple[np.ndarray, Any]:
         p = self.prefix
@@ -91,20 +100,22 @@ class BlockUnit:
         x1 += x  # residual 1
         h2, ln2 = layer_norm_forward(x1, params[p + "ln_2.weight"], params[p + "ln_2.bias"], self.eps)
         f = linear_forward(h2, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"])  # [B, T, F]
-        g = gelu_forward(f)
+        g, th = gelu_forward(f)
         y = linear_forward(g, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
         y += x1  # residual 2
-        return y, (ln1, h1, att, a, ln2, h2, f, g)
+        return y, (ln1, h1, att, a, ln2, h2, f, th, g)
 
-    def backward(self, params: Params, saved: Any, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(
+        self, params: Params, saved: Any, dy: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         p = self.prefix
-        ln1, h1, att, a, ln2, h2, f, g = saved
+        ln1, h1, att, a, ln2, h2, f, th, g = saved
         grads: dict[str, np.ndarray] = {}
         # MLP branch
         dg, grads[p + "mlp.c_proj.weight"], grads[p + "mlp.c_proj.bias"] = linear_backward(
             g, params[p + "mlp.c_proj.weight"], dy
         )
-        df = gelu_backward(f, dg)
+        df = gelu_backward(f, th, dg)
         dh2, grads[p + "mlp.c_fc.weight"], grads[p + "mlp.c_fc.bias"] = linear_backward(
             h2, params[p + "mlp.c_fc.weight"], df
         )
@@ -142,11 +153,15 @@ class HeadUnit:
         self.param_names = ("transformer.ln_f.weight", "transformer.ln_f.bias", self.emb)
 
     def forward(self, params: Params, x: np.ndarray) -> tuple[np.ndarray, Any]:
-        h, ln = layer_norm_forward(x, params["transformer.ln_f.weight"], params["transformer.ln_f.bias"], self.eps)
+        h, ln = layer_norm_forward(
+            x, params["transformer.ln_f.weight"], params["transformer.ln_f.bias"], self.eps
+        )
         logits = h @ params[self.emb].T  # [B, T, V]
         return logits, (ln, h)
 
-    def backward(self, params: Params, saved: Any, dlogits: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def backward(
+        self, params: Params, saved: Any, dlogits: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         ln, h = saved
         e = params[self.emb]  # [V, C]
         v, c = e.shape
@@ -159,7 +174,10 @@ class HeadUnit:
 def build_gpt2(cfg: GPT2Config) -> ModelDef:
     c, f, std = cfg.n_embd, cfg.n_inner, cfg.initializer_range
     proj_std = std / math.sqrt(2 * cfg.n_layer)  # GPT-2's scaling of the residual projections
-    specs = [ParamSpec(WTE, (cfg.vocab_size, c), "normal", std), ParamSpec(WPE, (cfg.n_positions, c), "normal", std)]
+    specs = [
+        ParamSpec(WTE, (cfg.vocab_size, c), "normal", std),
+        ParamSpec(WPE, (cfg.n_positions, c), "normal", std),
+    ]
     for i in range(cfg.n_layer):
         p = f"transformer.h.{i}."
         specs += [
@@ -176,7 +194,10 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
             ParamSpec(p + "mlp.c_proj.weight", (f, c), "normal", proj_std),
             ParamSpec(p + "mlp.c_proj.bias", (c,), "zeros"),
         ]
-    specs += [ParamSpec("transformer.ln_f.weight", (c,), "ones"), ParamSpec("transformer.ln_f.bias", (c,), "zeros")]
+    specs += [
+        ParamSpec("transformer.ln_f.weight", (c,), "ones"),
+        ParamSpec("transformer.ln_f.bias", (c,), "zeros"),
+    ]
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))
     units = (

@@ -120,7 +120,9 @@ def accumulate_grads(total: dict[str, np.ndarray], grads: Mapping[str, np.ndarra
             total[name] = g.copy()
 
 
-def forward_loss(model: ModelDef, params: Params, inputs: np.ndarray, targets: np.ndarray, denom: float) -> float:
+def forward_loss(
+    model: ModelDef, params: Params, inputs: np.ndarray, targets: np.ndarray, denom: float
+) -> float:
     """The loss only (for evaluation): sum of per-token losses / denom."""
     x = inputs
     for unit in model.units:

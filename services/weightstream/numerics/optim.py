@@ -170,15 +170,29 @@ def optimizer_step(
     """Apply one update to one tensor in place. ``grad`` may be overwritten."""
     if cfg.kind == "sgd":
         sgd_step(
-            param, grad, state["momentum_buffer"],
-            lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
-        )  # fmt: skip
+            param,
+            grad,
+            state["momentum_buffer"],
+            lr=lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
+        )
     else:
         adam_step(
-            param, grad, state["exp_avg"], state["exp_avg_sq"],
-            step=step, lr=lr, beta1=cfg.betas[0], beta2=cfg.betas[1], eps=cfg.eps,
-            weight_decay=cfg.weight_decay, decoupled=cfg.kind == "adamw", scratch=scratch,
-        )  # fmt: skip
+            param,
+            grad,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            step=step,
+            lr=lr,
+            beta1=cfg.betas[0],
+            beta2=cfg.betas[1],
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            decoupled=cfg.kind == "adamw",
+            scratch=scratch,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -14,9 +14,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from weightstream.numerics import FCMLPConfig, GPT2Config, ModelDef, OptimizerConfig, SchedulePiece
-from weightstream.numerics import build_fc_mlp, build_gpt2
+from weightstream.numerics import (
+    FCMLPConfig,
+    GPT2Config,
+    ModelDef,
+    OptimizerConfig,
+    SchedulePiece,
+    build_fc_mlp,
+    build_gpt2,
+)
 from weightstream.params.errors import ParamsError, Problem
+from weightstream.params.modelzoo import UNSUPPORTED
 from weightstream.params.schema import (
     FCMLPModelParams,
     GPT2ModelParams,
@@ -29,55 +37,6 @@ from weightstream.params.schema import (
 
 __all__ = ["UNSUPPORTED", "dump_params", "load_params", "model_def", "optimizer_config", "parse_params"]
 
-_LOADER = "a PyTorch DataLoader knob; weightstream's activation servers do not use it"
-# Keys that legacy ModelZoo params files use and weightstream does not implement: rejected by name,
-# never silently ignored, each with the reason or what to use instead.
-UNSUPPORTED: dict[str, dict[str, str]] = {
-    "": {"sparsity": "weight sparsity is not implemented yet"},
-    "train_input": {
-        "num_workers": _LOADER, "prefetch_factor": _LOADER, "persistent_workers": _LOADER,
-        "drop_last": "weightstream always uses whole global batches", "use_worker_index": _LOADER,
-        "vocab_file": "TextFileDataProcessor uses byte-level tokens; TokenFileDataProcessor reads token ids",
-        "mixed_precision": "use model.fp16_type", "repeat": "the data repeats as many times as max_steps needs",
-        "micro_batch_size": "micro-batching is not implemented yet",
-    },
-    "model": {
-        "mixed_precision": "use model.fp16_type: bfloat16", "precision_opt_level": "not applicable",
-        "boundary_casting": "not applicable", "tf_summary": "not applicable",
-        "rotary_dim": "only learned position embeddings are implemented",
-        "rope_theta": "only learned position embeddings are implemented",
-        "alibi_trainable_slopes": "only learned position embeddings are implemented",
-        "num_relative_attention_buckets": "only learned position embeddings are implemented",
-        "embeddings_scale": "GPT-2 does not scale embeddings", "scale_qk_dot_by_d": "GPT-2 scales by 1/sqrt(d)",
-        "attention_softmax_fp32": "softmax is always computed in fp32",
-        "fixed_sparse_attention": "sparse attention is not implemented",
-        "attention_module": "only GPT-2 attention is implemented",
-        "extra_attention_params": "only GPT-2 attention is implemented",
-        "embedding_initializer": "use model.initializer_range", "initializer": "use model.initializer_range",
-        "output_layer_initializer": "use model.initializer_range",
-        "loss_weight": "the loss is the mean over tokens (loss_scaling: num_tokens)",
-        "label_smoothing": "not implemented", "compute_eval_metrics": "eval reports the loss only",
-    },
-    "optimizer": {
-        "loss_scaling_factor": "loss scaling is not needed: training runs in fp32",
-        "initial_loss_scale": "loss scaling is not needed", "steps_per_increase": "loss scaling is not needed",
-        "min_loss_scale": "loss scaling is not needed", "max_loss_scale": "loss scaling is not needed",
-        "max_gradient_value": "clipping by value is not implemented; use max_gradient_norm",
-        "log_summaries": "not applicable", "adjust_learning_rate": "per-parameter learning rates are not implemented",
-        "correct_bias": "Adam's bias correction is always on", "amsgrad": "not implemented",
-        "dampening": "not implemented", "weight_decay_rate": "use weight_decay",
-    },
-    "runconfig": {
-        "mode": "weightstream trains; evaluation runs when eval_input is given",
-        "checkpoint_path": "use model_dir with autoload_last_checkpoint",
-        "save_initial_checkpoint": "not implemented", "precision_opt_level": "not applicable",
-        "num_workers_per_csx": "one worker process per CS-2", "compile_only": "not applicable",
-        "validate_only": "use `weightstream validate`", "enable_distributed": "not applicable",
-        "dist_backend": "not applicable", "init_method": "not applicable", "sync_batchnorm": "not applicable",
-        "log_input_summaries": "not applicable", "keep_checkpoint_max": "not implemented",
-    },
-}  # fmt: skip
-UNSUPPORTED["eval_input"] = UNSUPPORTED["train_input"]
 _SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
 
 
@@ -88,13 +47,21 @@ def parse_params(text: str, source: str = "params") -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise ParamsError([Problem("<file>", f"is not valid YAML: {e}")], source) from e
     if not isinstance(raw, dict):
-        raise ParamsError([Problem("<file>", "must be a mapping with sections " + ", ".join(_SECTIONS),
-                                   type(raw).__name__)], source)  # fmt: skip
+        raise ParamsError(
+            [
+                Problem(
+                    "<file>", "must be a mapping with sections " + ", ".join(_SECTIONS), type(raw).__name__
+                )
+            ],
+            source,
+        )
     return raw
 
 
 def load_params(
-    params: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None, source: str | None = None
+    params: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    source: str | None = None,
 ) -> Params:
     """Validate a params file (a path, or an already parsed mapping); ``overrides`` replace keys of
     ``runconfig`` (the CLI's ``--num_csx`` and friends). Raises ``ParamsError`` listing every problem."""
@@ -134,8 +101,11 @@ def _unsupported(raw: dict[str, Any]) -> list[Problem]:
             continue
         for key in [k for k in d if k in keys]:
             path = f"{section}.{key}" if section else key
-            problems.append(Problem(path, f"is a ModelZoo key weightstream does not implement: {keys[key]}; "
-                                          "remove it", d[key]))  # fmt: skip
+            problems.append(
+                Problem(
+                    path, f"is a ModelZoo key weightstream does not implement: {keys[key]}; remove it", d[key]
+                )
+            )
             if section:
                 raw[section] = d = {k: v for k, v in d.items() if k != key}
             else:
@@ -172,8 +142,11 @@ def _translate(err: Any, raw: dict[str, Any]) -> Problem:
     kind = err["type"]
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         tag = err.get("ctx", {}).get("tag")
-        return Problem("model.name", "must be one of 'gpt2', 'fc_mlp'" if tag else "is missing; allowed: 'gpt2', "
-                       "'fc_mlp'", *((tag,) if tag else ()))  # fmt: skip
+        return Problem(
+            "model.name",
+            "must be one of 'gpt2', 'fc_mlp'" if tag else "is missing; allowed: 'gpt2', 'fc_mlp'",
+            *((tag,) if tag else ()),
+        )
     if kind == "missing":
         return Problem(_path(loc), "is required but missing")
     if kind == "extra_forbidden":
@@ -194,8 +167,14 @@ def cross_check(p: Params) -> list[Problem]:
     inputs = [("train_input", p.train_input)] + ([("eval_input", p.eval_input)] if p.eval_input else [])
     for sec, inp in inputs:
         if inp.batch_size % rc.num_csx:
-            problems.append(Problem(f"{sec}.batch_size", f"must be divisible by runconfig.num_csx={rc.num_csx} "
-                                    "(the global batch is split evenly across CS-2 workers)", inp.batch_size))
+            problems.append(
+                Problem(
+                    f"{sec}.batch_size",
+                    f"must be divisible by runconfig.num_csx={rc.num_csx} "
+                    "(the global batch is split evenly across CS-2 workers)",
+                    inp.batch_size,
+                )
+            )
         if inp.data_processor in ("TextFileDataProcessor", "TokenFileDataProcessor") and not inp.data_dir:
             problems.append(Problem(f"{sec}.data_dir", f"is required by {inp.data_processor}"))
         problems += _check_input_vs_model(sec, inp, m)
@@ -203,11 +182,18 @@ def cross_check(p: Params) -> list[Problem]:
         problems.append(Problem("runconfig.eval_frequency", "needs an eval_input section", rc.eval_frequency))
     n_units = (m.num_hidden_layers + 2) if isinstance(m, GPT2ModelParams) else (m.depth + 1)
     if rc.num_wgt_servers > n_units:
-        problems.append(Problem("runconfig.num_wgt_servers", f"must be at most the model's {n_units} streamable "
-                                "units (whole units are assigned to weight servers)", rc.num_wgt_servers))
+        problems.append(
+            Problem(
+                "runconfig.num_wgt_servers",
+                f"must be at most the model's {n_units} streamable "
+                "units (whole units are assigned to weight servers)",
+                rc.num_wgt_servers,
+            )
+        )
     if isinstance(m, GPT2ModelParams) and m.hidden_size % m.num_heads:
-        problems.append(Problem("model.hidden_size", f"must be divisible by model.num_heads={m.num_heads}",
-                                m.hidden_size))
+        problems.append(
+            Problem("model.hidden_size", f"must be divisible by model.num_heads={m.num_heads}", m.hidden_size)
+        )
     return problems + _check_optimizer(p.optimizer)
 
 
@@ -216,26 +202,54 @@ def _check_input_vs_model(sec: str, inp: InputParams, m: GPT2ModelParams | FCMLP
     dp = inp.data_processor
     if isinstance(m, GPT2ModelParams):
         if dp == "DigitsDataProcessor":
-            problems.append(Problem(f"{sec}.data_processor", "DigitsDataProcessor feeds fc_mlp models; gpt2 takes "
-                                    "TextFileDataProcessor, TokenFileDataProcessor or SyntheticDataProcessor", dp))
+            problems.append(
+                Problem(
+                    f"{sec}.data_processor",
+                    "DigitsDataProcessor feeds fc_mlp models; gpt2 takes "
+                    "TextFileDataProcessor, TokenFileDataProcessor or SyntheticDataProcessor",
+                    dp,
+                )
+            )
         if inp.max_sequence_length is None:
             problems.append(Problem(f"{sec}.max_sequence_length", "is required for gpt2"))
         elif inp.max_sequence_length > m.max_position_embeddings:
-            problems.append(Problem(f"{sec}.max_sequence_length", "must be at most model.max_position_embeddings="
-                                    f"{m.max_position_embeddings}", inp.max_sequence_length))
+            problems.append(
+                Problem(
+                    f"{sec}.max_sequence_length",
+                    f"must be at most model.max_position_embeddings={m.max_position_embeddings}",
+                    inp.max_sequence_length,
+                )
+            )
         if dp == "TextFileDataProcessor" and m.vocab_size < 256:
-            problems.append(Problem("model.vocab_size", "must be at least 256 for TextFileDataProcessor "
-                                    "(byte-level tokens)", m.vocab_size))
+            problems.append(
+                Problem(
+                    "model.vocab_size",
+                    "must be at least 256 for TextFileDataProcessor (byte-level tokens)",
+                    m.vocab_size,
+                )
+            )
     else:
         if dp in ("TextFileDataProcessor", "TokenFileDataProcessor"):
-            problems.append(Problem(f"{sec}.data_processor", f"{dp} feeds gpt2 models; fc_mlp takes "
-                                    "DigitsDataProcessor or SyntheticDataProcessor", dp))
+            problems.append(
+                Problem(
+                    f"{sec}.data_processor",
+                    f"{dp} feeds gpt2 models; fc_mlp takes DigitsDataProcessor or SyntheticDataProcessor",
+                    dp,
+                )
+            )
         if dp == "DigitsDataProcessor" and (m.input_size != 64 or m.num_classes < 10):
-            problems.append(Problem("model.input_size", "DigitsDataProcessor gives 64 features (8x8 images) and "
-                                    "10 classes: set input_size: 64 and num_classes: 10", m.input_size))
+            problems.append(
+                Problem(
+                    "model.input_size",
+                    "DigitsDataProcessor gives 64 features (8x8 images) and "
+                    "10 classes: set input_size: 64 and num_classes: 10",
+                    m.input_size,
+                )
+            )
         if inp.max_sequence_length is not None:
-            problems.append(Problem(f"{sec}.max_sequence_length", "applies to gpt2 models only",
-                                    inp.max_sequence_length))
+            problems.append(
+                Problem(f"{sec}.max_sequence_length", "applies to gpt2 models only", inp.max_sequence_length)
+            )
     return problems
 
 
@@ -244,8 +258,13 @@ def _check_optimizer(o: OptimizerParams) -> list[Problem]:
     if o.optimizer_type != "sgd":
         for key in ("momentum", "nesterov"):
             if getattr(o, key):
-                problems.append(Problem(f"optimizer.{key}", f"applies to optimizer_type sgd only, not "
-                                        f"{o.optimizer_type}", getattr(o, key)))
+                problems.append(
+                    Problem(
+                        f"optimizer.{key}",
+                        f"applies to optimizer_type sgd only, not {o.optimizer_type}",
+                        getattr(o, key),
+                    )
+                )
     elif o.nesterov and o.momentum == 0:
         problems.append(Problem("optimizer.nesterov", "needs optimizer.momentum > 0", True))
     for i, piece in enumerate(o.learning_rate):
@@ -261,8 +280,14 @@ def _check_optimizer(o: OptimizerParams) -> list[Problem]:
                 if getattr(piece, key) is None:
                     problems.append(Problem(f"{at}.{key}", f"is required by the {piece.scheduler} scheduler"))
             if piece.learning_rate is not None:
-                problems.append(Problem(f"{at}.learning_rate", f"applies to Constant pieces; {piece.scheduler} "
-                                        "takes initial_learning_rate and end_learning_rate", piece.learning_rate))
+                problems.append(
+                    Problem(
+                        f"{at}.learning_rate",
+                        f"applies to Constant pieces; {piece.scheduler} "
+                        "takes initial_learning_rate and end_learning_rate",
+                        piece.learning_rate,
+                    )
+                )
     return problems
 
 
@@ -272,12 +297,19 @@ def _check_optimizer(o: OptimizerParams) -> list[Problem]:
 def model_def(p: Params) -> ModelDef:
     m = p.model
     if isinstance(m, GPT2ModelParams):
-        return build_gpt2(GPT2Config(
-            vocab_size=m.vocab_size, n_positions=m.max_position_embeddings, n_embd=m.hidden_size,
-            n_layer=m.num_hidden_layers, n_head=m.num_heads, n_inner=m.inner_size,
-            layer_norm_epsilon=m.layer_norm_epsilon, initializer_range=m.initializer_range,
-            tie_word_embeddings=m.share_embedding_weights,
-        ))  # fmt: skip
+        return build_gpt2(
+            GPT2Config(
+                vocab_size=m.vocab_size,
+                n_positions=m.max_position_embeddings,
+                n_embd=m.hidden_size,
+                n_layer=m.num_hidden_layers,
+                n_head=m.num_heads,
+                n_inner=m.inner_size,
+                layer_norm_epsilon=m.layer_norm_epsilon,
+                initializer_range=m.initializer_range,
+                tie_word_embeddings=m.share_embedding_weights,
+            )
+        )
     return build_fc_mlp(FCMLPConfig(m.input_size, (m.hidden_size,) * m.depth, m.num_classes))
 
 
@@ -291,12 +323,21 @@ def optimizer_config(o: OptimizerParams) -> OptimizerConfig:
         else:
             assert piece.initial_learning_rate is not None and piece.end_learning_rate is not None
             assert piece.total_iters is not None
-            pieces.append(SchedulePiece(piece.scheduler, piece.initial_learning_rate, piece.end_learning_rate,
-                                        piece.total_iters))
+            pieces.append(
+                SchedulePiece(
+                    piece.scheduler, piece.initial_learning_rate, piece.end_learning_rate, piece.total_iters
+                )
+            )
     return OptimizerConfig(
-        kind=o.optimizer_type, schedule=tuple(pieces), betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-        momentum=o.momentum, nesterov=o.nesterov, max_gradient_norm=o.max_gradient_norm,
-    )  # fmt: skip
+        kind=o.optimizer_type,
+        schedule=tuple(pieces),
+        betas=o.betas,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        momentum=o.momentum,
+        nesterov=o.nesterov,
+        max_gradient_norm=o.max_gradient_norm,
+    )
 
 
 def dump_params(p: Params) -> str:

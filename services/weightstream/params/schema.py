@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 
 __all__ = [
     "DATA_PROCESSORS",
@@ -27,8 +36,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DataProcessor = Literal["TextFileDataProcessor", "TokenFileDataProcessor", "SyntheticDataProcessor",
-                        "DigitsDataProcessor"]  # fmt: skip
+DataProcessor = Literal[
+    "TextFileDataProcessor", "TokenFileDataProcessor", "SyntheticDataProcessor", "DigitsDataProcessor"
+]
 DATA_PROCESSORS: tuple[str, ...] = DataProcessor.__args__  # type: ignore[attr-defined]
 
 

@@ -1,0 +1,152 @@
+"""The ``weightstream`` command."""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from weightstream import __version__
+from weightstream.data import DataError
+from weightstream.params import Params, ParamsError, load_params, model_def
+
+app = typer.Typer(
+    help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+ParamsArg = Annotated[Path, typer.Argument(help="params YAML (ModelZoo layout)", show_default=False)]
+NumCsx = Annotated[int | None, typer.Option("--num_csx", help="CS-2 workers (overrides runconfig.num_csx)")]
+MaxSteps = Annotated[int | None, typer.Option("--max_steps", help="overrides runconfig.max_steps")]
+
+
+def _load(path: Path, **overrides: Any) -> Params:
+    try:
+        return load_params(path, overrides={k: v for k, v in overrides.items() if v is not None})
+    except ParamsError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
+) -> None:
+    if version:
+        out.print(f"weightstream {__version__}")
+        raise typer.Exit()
+
+
+@app.command()
+def validate(params: ParamsArg, num_csx: NumCsx = None) -> None:
+    """Check a params file without running anything; exit 2 listing every problem."""
+    p = _load(params, num_csx=num_csx)
+    model = model_def(p)
+    out.print(
+        f"[green]ok[/green] {params}: {p.model.name}, {model.num_params:,} parameters in "
+        f"{len(model.units)} streamable units, num_csx={p.runconfig.num_csx}, "
+        f"max_steps={p.runconfig.max_steps}"
+    )
+
+
+@app.command()
+def example(
+    name: Annotated[str, typer.Argument(help="gpt2_synthetic or fc_mlp_digits")] = "gpt2_synthetic",
+) -> None:
+    """Print a shipped example params file (redirect it to a file to start from it)."""
+    files = resources.files("weightstream") / "examples"
+    names = sorted(f.name.removesuffix(".yaml") for f in files.iterdir() if f.name.endswith(".yaml"))
+    if name not in names:
+        err.print(f"[red]error:[/red] no example {name!r}; available: {', '.join(names)}")
+        raise typer.Exit(2)
+    print((files / f"{name}.yaml").read_text(encoding="utf-8"), end="")
+
+
+@app.command("train-reference")
+def train_reference(
+    params: ParamsArg,
+    num_csx: NumCsx = None,
+    max_steps: MaxSteps = None,
+    metrics: Annotated[
+        Path | None, typer.Option(help="also write one JSON line per logged step here")
+    ] = None,
+) -> None:
+    """Train in this one process with every weight resident (the numpy reference the appliance must match)."""
+    from weightstream.reference import ReferenceTrainer  # keeps `--help` fast
+
+    p = _load(params, num_csx=num_csx, max_steps=max_steps)
+    rc = p.runconfig
+    try:
+        trainer = ReferenceTrainer(p)
+    except DataError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    sink = metrics.open("w", encoding="utf-8") if metrics else None
+    out.print(
+        f"training {p.model.name} ({trainer.model.num_params:,} parameters) for {rc.max_steps} steps, "
+        f"global batch {p.train_input.batch_size} split over {trainer.num_shards} shard(s)"
+    )
+    columns = (
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    tokens, t0 = 0, time.perf_counter()
+    with Progress(*columns, console=out, transient=True) as progress:
+        task = progress.add_task("train", total=rc.max_steps, status="")
+        for _ in range(rc.max_steps):
+            r = trainer.train_step()
+            tokens += r.tokens
+            tps = tokens / (time.perf_counter() - t0)
+            progress.update(task, advance=1, status=f"loss {r.loss:.4f}  {tps:,.0f} tok/s")
+            record: dict[str, Any] | None = None
+            if r.step % rc.log_steps == 0 or r.step == rc.max_steps:
+                record = {
+                    "step": r.step,
+                    "loss": r.loss,
+                    "learning_rate": r.learning_rate,
+                    "grad_norm": r.grad_norm,
+                    "tokens_per_second": tps,
+                    "step_time_s": r.step_time_s,
+                }
+                progress.console.print(
+                    f"step {r.step:>6}  loss {r.loss:.4f}  lr {r.learning_rate:.3g}  "
+                    f"|g| {r.grad_norm:.3f}  {tps:,.0f} tok/s"
+                )
+            if sink and record:
+                sink.write(json.dumps(record) + "\n")
+            last = r.step == rc.max_steps
+            if trainer.eval_data is not None and (
+                (rc.eval_frequency and r.step % rc.eval_frequency == 0) or last
+            ):
+                eval_loss = trainer.evaluate()
+                progress.console.print(f"step {r.step:>6}  [cyan]eval_loss {eval_loss:.4f}[/cyan]")
+                if sink:
+                    sink.write(json.dumps({"step": r.step, "eval_loss": eval_loss}) + "\n")
+    if sink:
+        sink.close()
+    out.print(f"done: {rc.max_steps} steps in {time.perf_counter() - t0:.1f}s, final loss {r.loss:.4f}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

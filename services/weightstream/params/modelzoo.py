@@ -1,0 +1,77 @@
+"""Keys that legacy ModelZoo params files use and weightstream does not implement.
+
+They are rejected by name, never silently ignored, each with the reason or what to use instead.
+Section "" is the top level of the file.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UNSUPPORTED"]
+
+_LOADER = "a PyTorch DataLoader knob; weightstream's activation servers do not use it"
+UNSUPPORTED: dict[str, dict[str, str]] = {
+    "": {"sparsity": "weight sparsity is not implemented yet"},
+    "train_input": {
+        "num_workers": _LOADER,
+        "prefetch_factor": _LOADER,
+        "persistent_workers": _LOADER,
+        "drop_last": "weightstream always uses whole global batches",
+        "use_worker_index": _LOADER,
+        "vocab_file": "TextFileDataProcessor uses byte-level tokens; TokenFileDataProcessor reads token ids",
+        "mixed_precision": "use model.fp16_type",
+        "repeat": "the data repeats as many times as max_steps needs",
+        "micro_batch_size": "micro-batching is not implemented yet",
+    },
+    "model": {
+        "mixed_precision": "use model.fp16_type: bfloat16",
+        "precision_opt_level": "not applicable",
+        "boundary_casting": "not applicable",
+        "tf_summary": "not applicable",
+        "rotary_dim": "only learned position embeddings are implemented",
+        "rope_theta": "only learned position embeddings are implemented",
+        "alibi_trainable_slopes": "only learned position embeddings are implemented",
+        "num_relative_attention_buckets": "only learned position embeddings are implemented",
+        "embeddings_scale": "GPT-2 does not scale embeddings",
+        "scale_qk_dot_by_d": "GPT-2 scales by 1/sqrt(d)",
+        "attention_softmax_fp32": "softmax is always computed in fp32",
+        "fixed_sparse_attention": "sparse attention is not implemented",
+        "attention_module": "only GPT-2 attention is implemented",
+        "extra_attention_params": "only GPT-2 attention is implemented",
+        "embedding_initializer": "use model.initializer_range",
+        "initializer": "use model.initializer_range",
+        "output_layer_initializer": "use model.initializer_range",
+        "loss_weight": "the loss is the mean over tokens (loss_scaling: num_tokens)",
+        "label_smoothing": "not implemented",
+        "compute_eval_metrics": "eval reports the loss only",
+    },
+    "optimizer": {
+        "loss_scaling_factor": "loss scaling is not needed: training runs in fp32",
+        "initial_loss_scale": "loss scaling is not needed",
+        "steps_per_increase": "loss scaling is not needed",
+        "min_loss_scale": "loss scaling is not needed",
+        "max_loss_scale": "loss scaling is not needed",
+        "max_gradient_value": "clipping by value is not implemented; use max_gradient_norm",
+        "log_summaries": "not applicable",
+        "adjust_learning_rate": "per-parameter learning rates are not implemented",
+        "correct_bias": "Adam's bias correction is always on",
+        "amsgrad": "not implemented",
+        "dampening": "not implemented",
+        "weight_decay_rate": "use weight_decay",
+    },
+    "runconfig": {
+        "mode": "weightstream trains; evaluation runs when eval_input is given",
+        "checkpoint_path": "use model_dir with autoload_last_checkpoint",
+        "save_initial_checkpoint": "not implemented",
+        "precision_opt_level": "not applicable",
+        "num_workers_per_csx": "one worker process per CS-2",
+        "compile_only": "not applicable",
+        "validate_only": "use `weightstream validate`",
+        "enable_distributed": "not applicable",
+        "dist_backend": "not applicable",
+        "init_method": "not applicable",
+        "sync_batchnorm": "not applicable",
+        "log_input_summaries": "not applicable",
+        "keep_checkpoint_max": "not implemented",
+    },
+}
+UNSUPPORTED["eval_input"] = UNSUPPORTED["train_input"]
