@@ -6,6 +6,7 @@ checks across sections) and raises one ``ParamsError`` listing them, each with i
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,12 +85,38 @@ def load_params(
     try:
         parsed = Params.model_validate(raw)
     except ValidationError as e:
-        problems += [_translate(err, raw) for err in e.errors(include_url=False)]
+        errors = e.errors(include_url=False)
+        problems += [_translate(err, raw) for err in errors]
+        # Also run the cross-section checks where possible (without the failing keys, which then take
+        # their defaults), so one run reports as much as it can instead of one problem per attempt.
+        try:
+            pruned = Params.model_validate(_without(raw, [list(err["loc"]) for err in errors]))
+        except ValidationError:
+            pruned = None
+        if pruned is not None:
+            seen = {q.path for q in problems}
+            problems += [q for q in cross_check(pruned) if q.path not in seen]
         raise ParamsError(problems, source) from None
     problems += cross_check(parsed)
     if problems:
         raise ParamsError(problems, source)
     return parsed
+
+
+def _without(raw: dict[str, Any], locs: list[list[Any]]) -> dict[str, Any]:
+    """A deep copy of ``raw`` with the keys at ``locs`` removed (those that exist)."""
+    out = copy.deepcopy(raw)
+    for loc in map(_user_loc, locs):
+        node: Any = out
+        for key in loc[:-1]:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                break
+        else:
+            if isinstance(node, dict) and loc and loc[-1] in node:
+                del node[loc[-1]]
+    return out
 
 
 def _unsupported(raw: dict[str, Any]) -> list[Problem]:
@@ -111,6 +138,14 @@ def _unsupported(raw: dict[str, Any]) -> list[Problem]:
             else:
                 del raw[key]
     return problems
+
+
+def _user_loc(loc: Any) -> list[Any]:
+    """pydantic's error location as the user's key path: the model union's tag is not a key they wrote."""
+    loc = list(loc)
+    if len(loc) >= 2 and loc[0] == "model" and loc[1] in ("gpt2", "fc_mlp"):
+        del loc[1]
+    return loc
 
 
 def _path(loc: list[Any]) -> str:
@@ -136,9 +171,7 @@ def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | Non
 
 
 def _translate(err: Any, raw: dict[str, Any]) -> Problem:
-    loc = list(err["loc"])
-    if len(loc) >= 2 and loc[0] == "model" and loc[1] in ("gpt2", "fc_mlp"):
-        del loc[1]  # the discriminated union's tag is not a key the user wrote
+    loc = _user_loc(err["loc"])
     kind = err["type"]
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         tag = err.get("ctx", {}).get("tag")

@@ -1,0 +1,2 @@
+"""Activation servers: read the training data (data/) and hand each worker its shard of every global batch.
+Built in issue 3."""

@@ -1,0 +1,68 @@
+"""The `weightstream` command, run as a user runs it: a real subprocess through the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
+
+
+def weightstream(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("weightstream")
+    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_version_and_help() -> None:
+    r = weightstream("--version")
+    assert r.returncode == 0 and r.stdout.startswith("weightstream ")
+    r = weightstream("--help")
+    assert r.returncode == 0 and "train-reference" in r.stdout
+
+
+def test_validate_ok_and_overrides() -> None:
+    r = weightstream("validate", str(EXAMPLES / "gpt2_synthetic.yaml"), "--num_csx", "4")
+    assert r.returncode == 0, r.stderr
+    assert "num_csx=4" in r.stdout and "4 streamable units" in r.stdout
+
+
+def test_validate_bad_file_exits_2_naming_each_key(tmp_path: Path) -> None:
+    p = yaml.safe_load((EXAMPLES / "gpt2_synthetic.yaml").read_text())
+    p["model"]["num_heads"] = 3
+    p["runconfig"]["max_stepz"] = 10
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(p))
+    r = weightstream("validate", str(bad))
+    assert r.returncode == 2
+    assert "model.hidden_size: must be divisible by model.num_heads=3" in r.stderr
+    assert "runconfig.max_stepz: is not a known key; did you mean 'max_steps'?" in r.stderr
+
+
+def test_example_prints_a_valid_params_file(tmp_path: Path) -> None:
+    r = weightstream("example", "fc_mlp_digits")
+    assert r.returncode == 0
+    (tmp_path / "p.yaml").write_text(r.stdout)
+    assert weightstream("validate", str(tmp_path / "p.yaml")).returncode == 0
+    r = weightstream("example", "nope")
+    assert r.returncode == 2 and "gpt2_synthetic" in r.stderr
+
+
+@pytest.mark.parametrize("num_csx", ["1", "2"])
+def test_train_reference_writes_metrics_and_learns(tmp_path: Path, num_csx: str) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    r = weightstream("train-reference", str(EXAMPLES / "fc_mlp_digits.yaml"), "--max_steps", "100",
+                     "--num_csx", num_csx, "--metrics", str(metrics))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [row for row in rows if "loss" in row]
+    assert [row["step"] for row in steps] == [20, 40, 60, 80, 100]
+    assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]
+    assert any("eval_loss" in row for row in rows)
+    assert "done: 100 steps" in r.stdout

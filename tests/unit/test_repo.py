@@ -1,0 +1,28 @@
+"""The repository's own rules: lint and format are clean (ruff is a test dependency)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"])
+def test_ruff_is_clean(args: list[str]) -> None:
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed: pip install -e .[test]")
+    r = subprocess.run([ruff, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = 'pip install -e ".[test]" && python -m pytest'
+    assert command in readme, "the README's test command changed: update .ci/run and this test"
+    assert any(line.strip() == command for line in ci.splitlines()), ".ci/run must run the README's command"
