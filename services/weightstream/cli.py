@@ -148,5 +148,46 @@ def train_reference(
     out.print(f"done: {rc.max_steps} steps in {time.perf_counter() - t0:.1f}s, final loss {r.loss:.4f}")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The appliance
+# ---------------------------------------------------------------------------------------------------------
+ModelDir = Annotated[Path | None, typer.Option("--model_dir", help="overrides runconfig.model_dir")]
+
+
+@app.command()
+def run(params: ParamsArg, num_csx: NumCsx = None, max_steps: MaxSteps = None, model_dir: ModelDir = None) -> None:
+    """Train on the appliance: every role a local process talking gRPC over loopback."""
+    from weightstream.coordinator.local import run_local  # keeps `--help` fast
+
+    p = _load(params, num_csx=num_csx, max_steps=max_steps, model_dir=str(model_dir) if model_dir else None)
+    raise typer.Exit(run_local(p, out, err))
+
+
+def _role_command(kind: str, what: str) -> None:
+    def command(
+        host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="port; 0 picks a free one")] = 50051,
+        ready_file: Annotated[Path | None, typer.Option(help="write {address, pid} here once listening")] = None,
+        parent_pid: Annotated[int | None, typer.Option(help="exit when this process is no longer the parent")] = None,
+    ) -> None:
+        import importlib
+        import logging
+
+        from weightstream.role import serve_role
+
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
+        service = importlib.import_module(f"weightstream.{kind}.service")
+        serve_role(kind, service.build, service.add_servicer, host, port, ready_file, parent_pid)
+
+    command.__doc__ = f"Run a {what} (configured by the coordinator over gRPC)."
+    app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)
+
+
+_role_command("memoryx", "MemoryX weight server shard")
+_role_command("swarmx", "SwarmX broadcast/reduce node")
+_role_command("worker", "CS-2 worker")
+_role_command("activation", "activation server")
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

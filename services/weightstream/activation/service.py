@@ -1,0 +1,54 @@
+"""The activation server: reads the data and hands each worker its shard of a step's global batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from weightstream.data import DataProcessor, make_data_processor
+from weightstream.params import load_params
+from weightstream.plan import JobSpec
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.role import RoleHost
+from weightstream.transport.rpc import abort_on_error
+from weightstream.transport.tensors import tensor_frames
+
+__all__ = ["ActivationServer", "add_servicer", "build"]
+
+
+class ActivationServer:
+    def __init__(self, train: DataProcessor, eval_: DataProcessor | None) -> None:
+        self.splits = {"train": train, **({"eval": eval_} if eval_ is not None else {})}
+
+    def batch(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self.splits:
+            raise ValueError(f"no {split!r} data (have: {', '.join(self.splits)})")
+        if not 0 <= worker < num_workers:
+            raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+        return self.splits[split].shard(step, worker, num_workers)
+
+
+def build(job: JobSpec) -> ActivationServer:
+    p = load_params(job.params)
+    train = make_data_processor(p.train_input, p.model, "train")
+    return ActivationServer(train, make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None)
+
+
+class ActivationServicer(rpc.ActivationServicer):
+    def __init__(self, host: RoleHost) -> None:
+        self.host = host
+
+    def GetBatch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+        server: ActivationServer = self.host.logic(context)
+        try:
+            x, y = server.batch(request.split, request.step, request.worker, request.num_workers)
+        except Exception as e:
+            abort_on_error(context, e)
+        yield from tensor_frames([("inputs", x), ("targets", y)])
+
+
+def add_servicer(host: RoleHost, server: grpc.Server) -> None:
+    rpc.add_ActivationServicer_to_server(ActivationServicer(host), server)

@@ -1,0 +1,85 @@
+"""Checkpoint directories: finding the last complete one, and finishing one that the shards have written.
+
+A checkpoint is written into ``.checkpoint_<step>.partial/``; once every shard's files and the index,
+config and trainer state are in and fsynced, the directory is renamed to ``checkpoint_<step>``. A crash
+at any point leaves either a complete ``checkpoint_<step>`` or a ``.partial`` one that is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from weightstream.memoryx.storage import shard_file_name
+from weightstream.params import Params
+from weightstream.params.schema import GPT2ModelParams
+from weightstream.storage_io import fsync_dir, write_text_durably
+
+__all__ = ["finish_checkpoint", "hf_config", "last_checkpoint", "partial_dir"]
+
+_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def last_checkpoint(model_dir: Path) -> tuple[int, Path] | None:
+    """The complete checkpoint with the highest step, if any."""
+    found = []
+    if model_dir.is_dir():
+        for d in model_dir.iterdir():
+            m = _NAME.match(d.name)
+            if m and (d / "trainer_state.json").is_file():
+                found.append((int(m.group(1)), d))
+    return max(found) if found else None
+
+
+def partial_dir(model_dir: Path, step: int) -> Path:
+    d = model_dir / f".checkpoint_{step}.partial"
+    if d.exists():
+        shutil.rmtree(d)  # left over by a crash: never complete, never loaded
+    d.mkdir(parents=True)
+    return d
+
+
+def hf_config(params: Params) -> dict[str, Any]:
+    """config.json: Hugging Face's GPT2Config for gpt2 (so from_pretrained works), ours for fc_mlp."""
+    m = params.model
+    if isinstance(m, GPT2ModelParams):
+        return {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
+            "n_positions": m.max_position_embeddings, "n_embd": m.hidden_size, "n_layer": m.num_hidden_layers,
+            "n_head": m.num_heads, "n_inner": m.inner_size, "activation_function": "gelu_new",
+            "layer_norm_epsilon": m.layer_norm_epsilon, "initializer_range": m.initializer_range,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
+            "tie_word_embeddings": m.share_embedding_weights, "torch_dtype": "float32",
+        }  # fmt: skip
+    return {"model_type": "weightstream_fc_mlp", **m.model_dump(mode="json")}
+
+
+def finish_checkpoint(
+    model_dir: Path,
+    tmp: Path,
+    step: int,
+    params: Params,
+    shard_names: list[dict[str, list[str]]],
+    trainer_state: dict[str, Any],
+) -> Path:
+    """Write index, config and trainer state into ``tmp`` and rename it to ``checkpoint_<step>``.
+    ``shard_names[i]`` maps "model" and "optimizer" to the tensor names shard i wrote."""
+    k = len(shard_names)
+    if k > 1:
+        for prefix in ("model", "optimizer"):
+            weight_map = {n: shard_file_name(prefix, i, k) for i, names in enumerate(shard_names) for n in names[prefix]}
+            size = sum((tmp / shard_file_name(prefix, i, k)).stat().st_size for i in range(k))
+            index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
+            write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
+    write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
+    write_text_durably(tmp / "trainer_state.json", json.dumps({"global_step": step, **trainer_state}, indent=2))
+    fsync_dir(tmp)
+    final = model_dir / f"checkpoint_{step}"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fsync_dir(model_dir)
+    return final

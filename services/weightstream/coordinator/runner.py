@@ -1,0 +1,206 @@
+"""Run one job: plan it, start its roles through a backend, drive the steps, evaluate, checkpoint.
+
+Step s, as the coordinator drives it (every call has a deadline; a dead role fails the job at once):
+  1. RunStep(s) on every worker (they pull weights through SwarmX and push gradients back)
+  2. GradNormSq(s) on every MemoryX shard (each waits until its gradients are complete)
+  3. ApplyUpdate(s, lr, clip coefficient) on every shard: the step is applied exactly once
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from weightstream.coordinator.backend import Backend, BackendError, RoleSpec
+from weightstream.coordinator.checkpoints import finish_checkpoint, last_checkpoint, partial_dir
+from weightstream.memoryx.storage import shard_file_name
+from weightstream.numerics.optim import clip_coefficient
+from weightstream.params import Params, dump_params, model_def, optimizer_config
+from weightstream.plan import ROLE_KINDS, JobSpec, make_plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.storage_io import write_text_durably
+from weightstream.transport.rpc import call, open_channel
+
+__all__ = ["JobFailed", "JobRunner", "RunSummary"]
+
+log = logging.getLogger("weightstream.coordinator")
+T = TypeVar("T")
+Event = dict[str, Any]
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on; the message names the role and what happened."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    steps_run: int
+    start_step: int
+    final_step: int
+    last_loss: float | None
+    last_eval_loss: float | None
+    checkpoint: Path | None
+    wall_s: float
+
+
+class JobRunner:
+    def __init__(self, params: Params, backend: Backend, on_event: Callable[[Event], None] | None = None,
+                 job_id: str = "local") -> None:  # fmt: skip
+        self.params, self.backend, self.job_id = params, backend, job_id
+        self.on_event = on_event or (lambda e: None)
+        self.rc = params.runconfig
+        self.model = model_def(params)
+        self.opt = optimizer_config(params.optimizer)
+        self.plan = make_plan(params, self.model)
+        self.model_dir = Path(self.rc.model_dir)
+        self._pool = ThreadPoolExecutor(max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord")
+        self.names: dict[str, list[str]] = {}
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+    def _emit(self, kind: str, **data: Any) -> None:
+        self.on_event({"event": kind, **data})
+
+    def _all(self, kind: str, fn: Callable[[int], T], timeout_s: float) -> list[T]:
+        """Run ``fn(i)`` for every role of ``kind`` concurrently; fail fast if any role dies meanwhile."""
+        futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(self.plan.counts()[kind])]
+        deadline = time.monotonic() + timeout_s
+        pending: set[Future[T]] = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    self._check_roles()  # a dead role explains the failure better than the RPC error
+                    raise JobFailed(str(f.exception())) from f.exception()
+            self._check_roles()
+            if time.monotonic() > deadline:
+                raise JobFailed(f"{kind}s did not answer within {timeout_s:.0f}s")
+        return [f.result() for f in futures]
+
+    def _check_roles(self) -> None:
+        dead = self.backend.failures()
+        if dead:
+            raise JobFailed("role died: " + "; ".join(dead))
+
+    # -- the job -------------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        t0 = time.monotonic()
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        write_text_durably(self.model_dir / "params.yaml", dump_params(self.params))
+        resume = last_checkpoint(self.model_dir) if self.rc.autoload_last_checkpoint else None
+        start_step = resume[0] if resume else 0
+        if resume:
+            log.info("resuming from %s", resume[1])
+            self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
+        roles = [RoleSpec(kind, i) for kind in ROLE_KINDS for i in range(self.plan.counts()[kind])]
+        self._emit("status", status="starting", roles={k: v for k, v in self.plan.counts().items()})
+        try:
+            self.backend.start(roles)
+            try:
+                self.addresses = self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
+            except BackendError as e:
+                raise JobFailed(str(e)) from e
+            self._configure(str(resume[1]) if resume else None)
+            return self._train(start_step, t0)
+        finally:
+            self.backend.stop()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _configure(self, resume_dir: str | None) -> None:
+        params = self.params.model_dump(mode="json")
+        self.stubs: dict[str, list[Any]] = {}
+        for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
+            controls = [rpc.ControlStub(open_channel(a)) for a in self.addresses[kind]]
+
+            def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
+                job = JobSpec(params, self.plan.to_dict(), self.addresses, kind, i, resume_dir, self.job_id)
+                call(f"{kind}-{i}", "Configure", controls[i].Configure, pb.ConfigureRequest(job_json=job.to_json()),
+                     timeout=self.rc.rpc_timeout_s)  # fmt: skip
+
+            self._all(kind, configure, self.rc.rpc_timeout_s)
+        self.workers = [rpc.WorkerStub(open_channel(a)) for a in self.addresses["worker"]]
+        self.shards = [rpc.MemoryXStub(open_channel(a)) for a in self.addresses["memoryx"]]
+        self._emit("status", status="running", addresses=self.addresses)
+
+    def _train(self, start_step: int, t0: float) -> RunSummary:
+        rc, timeout = self.rc, self.rc.rpc_timeout_s
+        metrics = (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        loss = eval_loss = None
+        checkpoint: Path | None = None
+        tokens_total, t_train = 0, time.monotonic()
+        try:
+            for step in range(start_step, rc.max_steps):
+                t_step = time.monotonic()
+                replies: list[pb.RunStepReply] = self._all(
+                    "worker", lambda i, s=step: call(f"worker-{i}", "RunStep", self.workers[i].RunStep,
+                                                     pb.RunStepRequest(step=s), timeout=timeout), timeout)  # fmt: skip
+                sq = self._all("memoryx", lambda i, s=step: call(f"memoryx-{i}", "GradNormSq", self.shards[i].GradNormSq,
+                               pb.StepRequest(step=s), timeout=timeout).sq_sum, timeout)  # fmt: skip
+                norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
+                lr = self.opt.learning_rate(step)
+                update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
+                self._all("memoryx", lambda i: call(f"memoryx-{i}", "ApplyUpdate", self.shards[i].ApplyUpdate, update,
+                                                    timeout=timeout), timeout)  # fmt: skip
+                done = step + 1
+                loss = sum(r.loss for r in replies)
+                tokens = sum(r.tokens for r in replies)
+                tokens_total += tokens
+                step_time = time.monotonic() - t_step
+                record = {"step": done, "loss": loss, "learning_rate": lr, "grad_norm": norm,
+                          "tokens_per_second": tokens_total / (time.monotonic() - t_train), "step_time_s": step_time,
+                          "worker_wait_s": max(r.wait_s for r in replies),
+                          "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies)}  # fmt: skip
+                self._emit("step", **record, max_steps=rc.max_steps)
+                if done % rc.log_steps == 0 or done == rc.max_steps:
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                    log.info("step %d loss %.5f lr %.3g |g| %.4f %.0f tok/s", done, loss, lr, norm,
+                             record["tokens_per_second"])  # fmt: skip
+                last = done == rc.max_steps
+                if self.params.eval_input is not None and ((rc.eval_frequency and done % rc.eval_frequency == 0) or last):
+                    eval_loss = self._evaluate(done)
+                    metrics.write(json.dumps({"step": done, "eval_loss": eval_loss}) + "\n")
+                    metrics.flush()
+                if last or (rc.checkpoint_steps and done % rc.checkpoint_steps == 0):
+                    checkpoint = self._checkpoint(done)
+        finally:
+            metrics.close()
+        if start_step >= rc.max_steps:
+            log.info("nothing to do: checkpoint at step %d, max_steps %d", start_step, rc.max_steps)
+            found = last_checkpoint(self.model_dir)
+            checkpoint = found[1] if found else None
+        return RunSummary(rc.max_steps - start_step if start_step < rc.max_steps else 0, start_step, rc.max_steps,
+                          loss, eval_loss, checkpoint, time.monotonic() - t0)  # fmt: skip
+
+    def _evaluate(self, step: int) -> float:
+        n = self.rc.eval_steps
+        parts = self._all("worker", lambda i: call(f"worker-{i}", "Evaluate", self.workers[i].Evaluate,
+                          pb.EvalRequest(step=step, batch=n), timeout=self.rc.rpc_timeout_s).loss, self.rc.rpc_timeout_s)  # fmt: skip
+        eval_loss = sum(parts) / n
+        log.info("step %d eval_loss %.5f", step, eval_loss)
+        self._emit("eval", step=step, eval_loss=eval_loss)
+        return eval_loss
+
+    def _checkpoint(self, step: int) -> Path:
+        tmp = partial_dir(self.model_dir, step)
+        k = self.rc.num_wgt_servers
+
+        def save(i: int) -> dict[str, list[str]]:
+            req = pb.CheckpointRequest(step=step, directory=str(tmp.resolve()), model_file=shard_file_name("model", i, k),
+                                       optimizer_file=shard_file_name("optimizer", i, k))  # fmt: skip
+            r = call(f"memoryx-{i}", "SaveCheckpoint", self.shards[i].SaveCheckpoint, req, timeout=self.rc.rpc_timeout_s)
+            return {"model": list(r.tensor_names), "optimizer": list(r.state_names)}
+
+        names = self._all("memoryx", save, self.rc.rpc_timeout_s)
+        state = {"num_csx": self.rc.num_csx, "num_wgt_servers": k, "seed": self.rc.seed,
+                 "optimizer_type": self.opt.kind, "weightstream_format": 1}  # fmt: skip
+        path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state)
+        log.info("checkpoint %s", path)
+        self._emit("checkpoint", step=step, path=str(path))
+        return path

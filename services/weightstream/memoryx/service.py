@@ -1,0 +1,90 @@
+"""MemoryX over gRPC: a thin servicer that only converts messages; the logic is ``MemoryXShard``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from weightstream.memoryx.shard import MemoryXShard
+from weightstream.memoryx.storage import write_safetensors
+from weightstream.params import load_params, model_def, optimizer_config
+from weightstream.plan import JobSpec, Plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.role import RoleHost
+from weightstream.transport.rpc import abort_on_error
+from weightstream.transport.tensors import read_frames, tensor_frames
+
+__all__ = ["MemoryXServicer", "add_servicer", "build"]
+
+
+def build(job: JobSpec) -> MemoryXShard:
+    params = load_params(job.params)
+    model = model_def(params)
+    plan = Plan.from_dict(job.plan)
+    names = [n for n in model.specs if plan.tensor_shard[n] == job.index]
+    return MemoryXShard(model, optimizer_config(params.optimizer), names, params.runconfig.seed,
+                        params.runconfig.rpc_timeout_s, job.resume_dir)  # fmt: skip
+
+
+class MemoryXServicer(rpc.MemoryXServicer):
+    def __init__(self, host: RoleHost) -> None:
+        self.host = host
+
+    def _shard(self, context: grpc.ServicerContext) -> MemoryXShard:
+        return self.host.logic(context)
+
+    def GetTensors(self, request: pb.TensorRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+        shard = self._shard(context)
+        try:
+            tensors = shard.tensors(request.step, list(request.names))
+        except Exception as e:
+            abort_on_error(context, e)
+        yield from tensor_frames(tensors)
+
+    def PushGradients(self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext) -> pb.Ack:
+        shard = self._shard(context)
+        try:
+            head, grads = read_frames(request_iterator)
+            if head is None:
+                raise ValueError("a gradient stream must open with a StreamHead")
+            shard.add_gradient(head.step, head.unit, grads)
+        except Exception as e:
+            abort_on_error(context, e)
+        return pb.Ack()
+
+    def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:
+        try:
+            return pb.NormReply(sq_sum=self._shard(context).grad_sq_sum(request.step))
+        except Exception as e:
+            abort_on_error(context, e)
+            raise
+
+    def ApplyUpdate(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> pb.Ack:
+        try:
+            applied = self._shard(context).apply_update(request.step, request.learning_rate, request.clip_coef)
+        except Exception as e:
+            abort_on_error(context, e)
+            raise
+        return pb.Ack(message="applied" if applied else "already applied")
+
+    def SaveCheckpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointReply:
+        shard = self._shard(context)
+        try:
+            weights, state, step = shard.snapshot()
+            if step != request.step:
+                raise ValueError(f"checkpoint of step {request.step} requested, shard is at step {step}")
+            d = Path(request.directory)
+            write_safetensors(d / request.model_file, weights)
+            write_safetensors(d / request.optimizer_file, state)
+        except Exception as e:
+            abort_on_error(context, e)
+        return pb.CheckpointReply(tensor_names=list(weights), state_names=list(state))
+
+
+def add_servicer(host: RoleHost, server: grpc.Server) -> None:
+    rpc.add_MemoryXServicer_to_server(MemoryXServicer(host), server)
+
+

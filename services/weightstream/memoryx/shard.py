@@ -1,0 +1,138 @@
+"""One MemoryX shard: the fp32 master weights and optimizer state of the units assigned to it.
+
+Step protocol (the coordinator drives it, each call with a deadline):
+  tensors(step)           weights after ``step`` updates (waits if the update is still being applied)
+  add_gradient(step, u)   the reduced gradient of unit u for this step (a tied tensor gets one per unit)
+  grad_sq_sum(step)       waits until every expected gradient is in, sums them in unit order (so the
+                          result is the same whatever order they arrived in), returns the sum of squares
+  apply_update(step, ..)  clip, optimizer step; idempotent: a repeated call for an applied step is a no-op
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from weightstream.numerics import ModelDef, OptimizerConfig, init_params
+from weightstream.numerics.optim import grad_sq_sum, init_state, optimizer_step, state_names
+from weightstream.memoryx.storage import load_tensors
+
+__all__ = ["MemoryXShard", "StaleStepError"]
+
+
+class StaleStepError(ValueError):
+    """A call names a step this shard has already moved past (or has not reached)."""
+
+
+class MemoryXShard:
+    def __init__(
+        self,
+        model: ModelDef,
+        opt: OptimizerConfig,
+        names: Sequence[str],
+        seed: int,
+        timeout_s: float,
+        resume_dir: str | None = None,
+    ) -> None:
+        self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
+        # which units contribute a gradient to each tensor (two for a tied embedding)
+        self.users = {n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names}
+        self.step = 0
+        if resume_dir is None:
+            self.weights = init_params(model, seed, self.names)
+            self.state = {n: init_state(opt.kind, model.specs[n].shape) for n in self.names}
+        else:
+            self.weights, self.state, self.step = self._load(resume_dir)
+        self._pending: dict[str, dict[int, np.ndarray]] = {n: {} for n in self.names}
+        self._grads: dict[str, np.ndarray] | None = None  # summed, once complete
+        self._cond = threading.Condition()
+
+    # -- streaming out -------------------------------------------------------------------------------------
+    def tensors(self, step: int, names: Sequence[str]) -> list[tuple[str, np.ndarray]]:
+        """The weights after ``step`` updates. Arrays are shared, not copied: they are only replaced in
+        place under the lock after every reader of this step is done (the coordinator's ordering)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.step >= step, timeout=self.timeout_s):
+                raise TimeoutError(f"weights of step {step} not ready after {self.timeout_s}s (at {self.step})")
+            if self.step != step:
+                raise StaleStepError(f"weights of step {step} requested, shard is at step {self.step}")
+            missing = [n for n in names if n not in self.weights]
+            if missing:
+                raise KeyError(f"tensors not on this shard: {missing}")
+            return [(n, self.weights[n]) for n in names]
+
+    # -- gradients in --------------------------------------------------------------------------------------
+    def add_gradient(self, step: int, unit: int, grads: Mapping[str, np.ndarray]) -> None:
+        with self._cond:
+            if step != self.step:
+                raise StaleStepError(f"gradient of step {step} for unit {unit}, shard is at step {self.step}")
+            for name, g in grads.items():
+                if name not in self._pending:
+                    raise KeyError(f"gradient for {name!r}, which this shard does not hold")
+                if unit not in self.users[name]:
+                    raise ValueError(f"unit {unit} does not use {name!r}")
+                if unit in self._pending[name]:
+                    raise ValueError(f"gradient of {name!r} from unit {unit} arrived twice in step {step}")
+                if g.shape != self.weights[name].shape:
+                    raise ValueError(f"gradient of {name!r} has shape {g.shape}, expected {self.weights[name].shape}")
+                self._pending[name][unit] = g.astype(np.float32, copy=False)
+            self._cond.notify_all()
+
+    def _complete(self) -> bool:
+        return all(len(self._pending[n]) == len(self.users[n]) for n in self.names)
+
+    def grad_sq_sum(self, step: int) -> float:
+        with self._cond:
+            if step != self.step:
+                raise StaleStepError(f"norm of step {step} requested, shard is at step {self.step}")
+            if self._grads is None:
+                if not self._cond.wait_for(self._complete, timeout=self.timeout_s):
+                    missing = {n: sorted(set(self.users[n]) - set(self._pending[n])) for n in self.names
+                               if len(self._pending[n]) < len(self.users[n])}  # fmt: skip
+                    raise TimeoutError(f"step {step}: gradients still missing after {self.timeout_s}s "
+                                       f"(tensor: units) {missing}")  # fmt: skip
+                grads = {}
+                for n in self.names:
+                    parts = [self._pending[n][u] for u in self.users[n]]  # unit order, not arrival order
+                    g = parts[0].copy() if len(parts) > 1 else parts[0]
+                    for p in parts[1:]:
+                        g += p
+                    grads[n] = g
+                self._grads = grads
+            return sum(grad_sq_sum(g) for g in self._grads.values())
+
+    def apply_update(self, step: int, lr: float, clip_coef: float) -> bool:
+        """Apply the optimizer for ``step``. Returns False if it was applied already."""
+        if step == self.step:
+            self.grad_sq_sum(step)  # waits until every gradient is in, and sums them
+        with self._cond:
+            if step < self.step:
+                return False
+            if step > self.step or self._grads is None:
+                raise StaleStepError(f"update of step {step} requested, shard is at step {self.step}")
+            for n in self.names:
+                g = self._grads[n]
+                if clip_coef != 1.0:
+                    g *= np.float32(clip_coef)
+                optimizer_step(self.opt, self.weights[n], g, self.state[n], step=step + 1, lr=lr)
+            self._grads = None
+            self._pending = {n: {} for n in self.names}
+            self.step += 1
+            self._cond.notify_all()
+            return True
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+        """(weights, optimizer state flattened as '<tensor>.<state>', step), for writing a checkpoint."""
+        with self._cond:
+            state = {f"{n}.{k}": v for n in self.names for k, v in self.state[n].items()}
+            return dict(self.weights), state, self.step
+
+    def _load(self, resume_dir: str) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], int]:
+        weights, step = load_tensors(resume_dir, "model", self.names)
+        keys = [f"{n}.{k}" for n in self.names for k in state_names(self.opt.kind)]
+        flat, _ = load_tensors(resume_dir, "optimizer", keys)
+        state = {n: {k: flat[f"{n}.{k}"] for k in state_names(self.opt.kind)} for n in self.names}
+        return weights, state, step

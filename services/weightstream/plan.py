@@ -1,0 +1,131 @@
+"""The plan of a job: how many of each role, the SwarmX tree, and which MemoryX shard holds which unit.
+
+Pure functions of (params, model): the coordinator makes it, every role receives it inside the job JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from weightstream.numerics import ModelDef
+from weightstream.params import Params, model_def
+
+__all__ = ["JobSpec", "Plan", "SwarmNode", "make_plan"]
+
+RoleKind = Literal["memoryx", "swarmx", "worker", "activation"]
+ROLE_KINDS: tuple[RoleKind, ...] = ("memoryx", "swarmx", "activation", "worker")
+
+
+@dataclass(frozen=True)
+class SwarmNode:
+    index: int
+    parent: int | None  # None: the root, whose upstream is MemoryX
+    children: tuple[tuple[str, int], ...]  # ("worker", w) or ("swarmx", i), in reduction order
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_csx: int
+    num_wgt_servers: int
+    num_act_servers: int
+    fanout: int
+    unit_shard: tuple[int, ...]  # unit index -> MemoryX shard that stores its owned tensors
+    swarm: tuple[SwarmNode, ...]  # leaves first, root last
+    worker_parent: tuple[int, ...]  # worker -> SwarmX node
+    tensor_shard: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def root(self) -> int:
+        return len(self.swarm) - 1
+
+    def child_slot(self, kind: str, index: int) -> int:
+        """Position of a worker or SwarmX node among its parent's children (its place in the sum)."""
+        parent = self.worker_parent[index] if kind == "worker" else self.swarm[index].parent
+        assert parent is not None
+        return self.swarm[parent].children.index((kind, index))
+
+    def worker_activation(self, worker: int) -> int:
+        return worker % self.num_act_servers
+
+    def counts(self) -> dict[str, int]:
+        return {"memoryx": self.num_wgt_servers, "swarmx": len(self.swarm), "activation": self.num_act_servers,
+                "worker": self.num_csx}  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Plan:
+        swarm = tuple(
+            SwarmNode(n["index"], n["parent"], tuple((k, i) for k, i in n["children"])) for n in d["swarm"]
+        )
+        return Plan(d["num_csx"], d["num_wgt_servers"], d["num_act_servers"], d["fanout"], tuple(d["unit_shard"]),
+                    swarm, tuple(d["worker_parent"]), dict(d["tensor_shard"]))  # fmt: skip
+
+
+def _tree(num_workers: int, fanout: int) -> tuple[tuple[SwarmNode, ...], tuple[int, ...]]:
+    """Group workers into leaves of at most ``fanout``, then nodes into parents, until one root remains.
+    Depth grows with log_fanout(N); a single node when N <= fanout."""
+    nodes: list[dict[str, Any]] = []
+    worker_parent = [0] * num_workers
+    level: list[tuple[str, int]] = [("worker", w) for w in range(num_workers)]
+    while True:
+        groups = [level[i : i + fanout] for i in range(0, len(level), fanout)]
+        new_level = []
+        for g in groups:
+            idx = len(nodes)
+            nodes.append({"index": idx, "parent": None, "children": tuple(g)})
+            for kind, i in g:
+                if kind == "worker":
+                    worker_parent[i] = idx
+                else:
+                    nodes[i]["parent"] = idx
+            new_level.append(("swarmx", idx))
+        if len(new_level) == 1:
+            break
+        level = new_level
+    return tuple(SwarmNode(**n) for n in nodes), tuple(worker_parent)
+
+
+def _assign_units(model: ModelDef, shards: int) -> tuple[int, ...]:
+    """Whole units to shards, balanced by the bytes each unit owns (largest first to the lightest shard)."""
+    owned = [sum(model.specs[n].numel for n in model.owned_by(u)) for u in range(len(model.units))]
+    load = [0] * shards
+    out = [0] * len(owned)
+    for u in sorted(range(len(owned)), key=lambda u: (-owned[u], u)):
+        s = min(range(shards), key=lambda s: (load[s], s))
+        out[u] = s
+        load[s] += owned[u]
+    return tuple(out)
+
+
+def make_plan(params: Params, model: ModelDef | None = None) -> Plan:
+    model = model or model_def(params)
+    rc = params.runconfig
+    unit_shard = _assign_units(model, rc.num_wgt_servers)
+    swarm, worker_parent = _tree(rc.num_csx, rc.swarmx_fanout)
+    tensor_shard = {n: unit_shard[u] for n, u in model.owners.items()}
+    return Plan(rc.num_csx, rc.num_wgt_servers, rc.num_act_servers, rc.swarmx_fanout, unit_shard, swarm,
+                worker_parent, tensor_shard)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a role is told by Configure: the resolved params, the plan, where everyone is, who it is."""
+
+    params: dict[str, Any]
+    plan: dict[str, Any]
+    addresses: dict[str, list[str]]
+    role: str
+    index: int
+    resume_dir: str | None = None
+    job_id: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> JobSpec:
+        return JobSpec(**json.loads(text))

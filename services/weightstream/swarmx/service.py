@@ -1,0 +1,119 @@
+"""SwarmX over gRPC: the servicer, and the two upstreams (MemoryX shards for the root, a parent node)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from weightstream.numerics import ModelDef
+from weightstream.params import load_params, model_def
+from weightstream.plan import JobSpec, Plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.role import RoleHost
+from weightstream.swarmx.node import SwarmNodeLogic, Tensors
+from weightstream.transport.rpc import abort_on_error, call, open_channel, stream
+from weightstream.transport.tensors import read_frames, tensor_frames
+
+__all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
+
+
+class MemoryXUpstream:
+    """The root's upstream: each tensor from (and each gradient to) the shard that owns it."""
+
+    def __init__(self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool) -> None:
+        self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
+        self.addresses = addresses
+        self.stubs = [rpc.MemoryXStub(open_channel(a)) for a in addresses]
+        self._pool = ThreadPoolExecutor(max(1, len(addresses)), thread_name_prefix="memoryx-io")
+
+    def _by_shard(self, names: list[str]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for n in names:
+            out.setdefault(self.plan.tensor_shard[n], []).append(n)
+        return out
+
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors:
+        names = list(self.model.units[unit].param_names)
+
+        def fetch(shard: int, shard_names: list[str]) -> Tensors:
+            peer = f"memoryx-{shard} ({self.addresses[shard]})"
+            it = call(peer, "GetTensors", self.stubs[shard].GetTensors, pb.TensorRequest(step=step, names=shard_names),
+                      timeout=self.timeout_s)  # fmt: skip
+            return read_frames(stream(peer, "GetTensors", it))[1]
+
+        out: Tensors = {}
+        for part in self._pool.map(lambda kv: fetch(*kv), self._by_shard(names).items()):
+            out.update(part)
+        return {n: out[n] for n in names}
+
+    def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
+        def push(shard: int, shard_names: list[str]) -> None:
+            frames = tensor_frames([(n, grads[n]) for n in shard_names], pb.StreamHead(step=step, unit=unit), self.bf16)
+            call(f"memoryx-{shard} ({self.addresses[shard]})", "PushGradients", self.stubs[shard].PushGradients,
+                 frames, timeout=self.timeout_s)  # fmt: skip
+
+        list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
+
+
+class ParentUpstream:
+    """An inner node's upstream: its parent SwarmX node, where this node is child ``slot``."""
+
+    def __init__(self, address: str, slot: int, timeout_s: float, bf16: bool, name: str) -> None:
+        self.stub = rpc.SwarmXStub(open_channel(address))
+        self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
+
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors:
+        it = call(self.peer, "GetUnit", self.stub.GetUnit, pb.UnitRequest(step=step, unit=unit, phase=pass_),
+                  timeout=self.timeout_s)  # fmt: skip
+        return read_frames(stream(self.peer, "GetUnit", it))[1]
+
+    def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
+        frames = tensor_frames(grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16)
+        call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
+
+
+def build(job: JobSpec) -> SwarmNodeLogic:
+    params = load_params(job.params)
+    plan = Plan.from_dict(job.plan)
+    node = plan.swarm[job.index]
+    timeout, bf16 = params.runconfig.rpc_timeout_s, params.model.fp16_type == "bfloat16"
+    if node.parent is None:
+        upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
+            model_def(params), plan, job.addresses["memoryx"], timeout, bf16
+        )
+    else:
+        upstream = ParentUpstream(job.addresses["swarmx"][node.parent], plan.child_slot("swarmx", job.index),
+                                  timeout, bf16, f"swarmx-{node.parent}")  # fmt: skip
+    return SwarmNodeLogic(len(node.children), upstream, timeout)
+
+
+class SwarmXServicer(rpc.SwarmXServicer):
+    def __init__(self, host: RoleHost) -> None:
+        self.host = host
+
+    def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+        node: SwarmNodeLogic = self.host.logic(context)
+        try:
+            tensors = node.get_unit(request.step, request.unit, request.phase)
+        except Exception as e:
+            abort_on_error(context, e)
+        bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
+        yield from tensor_frames(tensors.items(), bf16=bf16)
+
+    def PushGradients(self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext) -> pb.Ack:
+        node: SwarmNodeLogic = self.host.logic(context)
+        try:
+            head, grads = read_frames(request_iterator)
+            if head is None:
+                raise ValueError("a gradient stream must open with a StreamHead")
+            node.push_grads(head.step, head.unit, head.sender, grads)
+        except Exception as e:
+            abort_on_error(context, e)
+        return pb.Ack()
+
+
+def add_servicer(host: RoleHost, server: grpc.Server) -> None:
+    rpc.add_SwarmXServicer_to_server(SwarmXServicer(host), server)

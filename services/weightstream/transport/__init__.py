@@ -1,0 +1,1 @@
+"""Moving tensors and calls between roles over gRPC."""

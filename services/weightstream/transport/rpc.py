@@ -1,0 +1,73 @@
+"""gRPC plumbing shared by every role: servers, channels, deadlines and error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+
+from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
+
+__all__ = ["OPTIONS", "abort_on_error", "call", "create_server", "open_channel"]
+
+T = TypeVar("T")
+_MB = 1 << 20
+# Frames are at most 4 MiB of data plus a few bytes of framing; 64 MiB leaves room for other messages.
+OPTIONS = [
+    ("grpc.max_send_message_length", 64 * _MB),
+    ("grpc.max_receive_message_length", 64 * _MB),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def create_server(address: str, register: Callable[[grpc.Server], None], workers: int = 32) -> tuple[grpc.Server, int]:
+    """A started server on ``address`` (port 0 picks a free one); returns it with the bound port.
+
+    Many threads: a SwarmX node holds one open call per child while it waits for its parent, and a
+    worker's step call waits while the same process serves nothing else heavy."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=OPTIONS)
+    register(server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {address}")
+    server.start()
+    return server, port
+
+
+def open_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=OPTIONS)
+
+
+def call(peer: str, name: str, fn: Callable[..., T], *args: Any, timeout: float, **kw: Any) -> T:
+    """Call ``fn`` with a deadline; failures become ``PeerError`` naming the peer and the call."""
+    try:
+        return fn(*args, timeout=timeout, **kw)
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        detail = e.details() if hasattr(e, "details") else str(e)
+        raise PeerError(peer, name, f"{code.name if code else 'ERROR'}: {detail}") from e
+
+
+def stream(peer: str, name: str, it: Iterator[T]) -> Iterator[T]:
+    """Iterate a server stream, turning a mid-stream failure into ``PeerError``."""
+    try:
+        yield from it
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        detail = e.details() if hasattr(e, "details") else str(e)
+        raise PeerError(peer, name, f"{code.name if code else 'ERROR'}: {detail}") from e
+
+
+def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
+    """Map our exceptions to gRPC status codes (never returns)."""
+    if isinstance(exc, ChecksumError):
+        context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+    if isinstance(exc, ProtocolError | ValueError | KeyError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TimeoutError):
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "timed out")
+    if isinstance(exc, PeerError):
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")

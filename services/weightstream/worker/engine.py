@@ -1,0 +1,143 @@
+"""The CS-2 worker's step: units stream in, forward, loss, units stream in again, backward, gradients out.
+
+The worker holds at most two units' weights (the one computing and the next, prefetched in the
+background) and its own activations. Activations: while the memory budget allows, a unit keeps what its
+backward needs; past the budget it keeps only its input and recomputes its forward in backward with the
+weights that stream in again anyway. So memory does not grow with the model's size, only with depth by
+one input activation per unit. No gRPC here: weights and batches come through small interfaces.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from weightstream.numerics import ModelDef
+from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
+
+__all__ = ["BatchSource", "StepOutcome", "UnitSource", "WorkerEngine"]
+
+FORWARD, BACKWARD, EVAL = 0, 1, 2
+Tensors = dict[str, np.ndarray]
+
+
+class UnitSource(Protocol):
+    def get_unit(self, step: int, unit: int, phase: int) -> Tensors: ...
+
+    def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
+
+
+class BatchSource(Protocol):
+    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss: float  # this worker's share of the global mean loss
+    tokens: int  # target tokens in this worker's shard
+    compute_s: float
+    wait_s: float  # time blocked waiting for weights or for gradient pushes
+    peak_rss_bytes: int
+    recomputed_units: int
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of every array inside a saved-activations structure (tuples, NamedTuples, arrays)."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, tuple | list):
+        return sum(nbytes(o) for o in obj)
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class WorkerEngine:
+    def __init__(
+        self,
+        model: ModelDef,
+        index: int,
+        num_workers: int,
+        units: UnitSource,
+        batches: BatchSource,
+        memory_budget_bytes: int | None = None,
+    ) -> None:
+        self.model, self.index, self.num_workers = model, index, num_workers
+        self.units, self.batches, self.budget = units, batches, memory_budget_bytes
+        self._fetch = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-prefetch")
+        self._push = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-push")
+
+    def close(self) -> None:
+        self._fetch.shutdown(wait=False, cancel_futures=True)
+        self._push.shutdown(wait=False, cancel_futures=True)
+
+    def _stream(self, step: int, order: list[int], phase: int, clock: list[float]) -> Iterator[tuple[int, Tensors]]:
+        """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one."""
+        nxt: Future[Tensors] | None = self._fetch.submit(self.units.get_unit, step, order[0], phase)
+        for i, u in enumerate(order):
+            assert nxt is not None
+            t0 = time.perf_counter()
+            params = nxt.result()
+            clock[0] += time.perf_counter() - t0
+            nxt = self._fetch.submit(self.units.get_unit, step, order[i + 1], phase) if i + 1 < len(order) else None
+            yield u, params
+            del params  # at most this unit and the prefetched next one are alive
+
+    def run_step(self, step: int) -> StepOutcome:
+        t_start = time.perf_counter()
+        wait = [0.0]
+        x, y = self.batches.get("train", step, self.index, self.num_workers)
+        denom = y.size * self.num_workers  # target tokens of the global batch (shards are equal)
+        n_units = len(self.model.units)
+        inputs: list[np.ndarray] = []
+        saved: list[Any] = []
+        kept = 0
+        for u, params in self._stream(step, list(range(n_units)), FORWARD, wait):
+            inputs.append(x)
+            x, s = self.model.units[u].forward(params, x)
+            size = nbytes(s)
+            if self.budget is None or kept + size <= self.budget:
+                saved.append(s)
+                kept += size
+            else:
+                saved.append(None)  # recompute in backward from inputs[u]
+        loss, ce = cross_entropy_forward(x, y, denom)
+        dy: np.ndarray | None = cross_entropy_backward(ce, x.shape)
+        del x, ce
+        pushes: list[Future[None]] = []
+        recomputed = 0
+        for u, params in self._stream(step, list(reversed(range(n_units))), BACKWARD, wait):
+            unit = self.model.units[u]
+            s = saved[u]
+            if s is None:
+                _, s = unit.forward(params, inputs[u])
+                recomputed += 1
+            assert dy is not None
+            dy, grads = unit.backward(params, s, dy)
+            saved[u] = inputs[u] = None  # type: ignore[call-overload]
+            pushes.append(self._push.submit(self.units.push_grads, step, u, grads))
+        t0 = time.perf_counter()
+        for f in pushes:
+            f.result()
+        wait[0] += time.perf_counter() - t0
+        total = time.perf_counter() - t_start
+        return StepOutcome(loss, int(y.size), total - wait[0], wait[0], peak_rss_bytes(), recomputed)
+
+    def evaluate(self, step: int, num_batches: int) -> float:
+        """Sum over ``num_batches`` eval batches of this worker's share of each batch's mean loss.
+        Each unit streams in once and runs over every eval batch before the next unit."""
+        wait = [0.0]
+        batches = [self.batches.get("eval", b, self.index, self.num_workers) for b in range(num_batches)]
+        xs = [b[0] for b in batches]
+        for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
+            xs = [self.model.units[u].forward(params, x)[0] for x in xs]
+        return sum(cross_entropy_forward(x, y, y.size * self.num_workers)[0] for x, (_, y) in zip(xs, batches,
+                                                                                                   strict=True))

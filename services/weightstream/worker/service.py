@@ -1,0 +1,85 @@
+"""The CS-2 worker over gRPC: the servicer, and the clients for its SwarmX parent and activation server."""
+
+from __future__ import annotations
+
+import grpc
+
+from weightstream.params import load_params, model_def
+from weightstream.plan import JobSpec, Plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.role import RoleHost
+from weightstream.transport.rpc import abort_on_error, call, open_channel, stream
+from weightstream.transport.tensors import read_frames, tensor_frames
+from weightstream.worker.engine import Tensors, WorkerEngine
+
+__all__ = ["ActivationClient", "SwarmParent", "WorkerServicer", "add_servicer", "build"]
+
+
+class SwarmParent:
+    """Weights from, and gradients to, this worker's SwarmX node (where it is child ``slot``)."""
+
+    def __init__(self, address: str, name: str, slot: int, timeout_s: float, bf16: bool) -> None:
+        self.stub = rpc.SwarmXStub(open_channel(address))
+        self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
+
+    def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
+        it = call(self.peer, "GetUnit", self.stub.GetUnit, pb.UnitRequest(step=step, unit=unit, phase=phase),
+                  timeout=self.timeout_s)  # fmt: skip
+        return read_frames(stream(self.peer, "GetUnit", it))[1]
+
+    def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
+        frames = tensor_frames(grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16)
+        call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
+
+
+class ActivationClient:
+    def __init__(self, address: str, name: str, timeout_s: float) -> None:
+        self.stub = rpc.ActivationStub(open_channel(address))
+        self.peer, self.timeout_s = f"{name} ({address})", timeout_s
+
+    def get(self, split: str, step: int, worker: int, num_workers: int):  # type: ignore[no-untyped-def]
+        req = pb.BatchRequest(split=split, step=step, worker=worker, num_workers=num_workers)
+        it = call(self.peer, "GetBatch", self.stub.GetBatch, req, timeout=self.timeout_s)
+        t = read_frames(stream(self.peer, "GetBatch", it))[1]
+        return t["inputs"], t["targets"]
+
+
+def build(job: JobSpec) -> WorkerEngine:
+    params = load_params(job.params)
+    plan = Plan.from_dict(job.plan)
+    rc = params.runconfig
+    parent = plan.worker_parent[job.index]
+    act = plan.worker_activation(job.index)
+    units = SwarmParent(job.addresses["swarmx"][parent], f"swarmx-{parent}", plan.child_slot("worker", job.index),
+                        rc.rpc_timeout_s, params.model.fp16_type == "bfloat16")  # fmt: skip
+    batches = ActivationClient(job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s)
+    budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
+    return WorkerEngine(model_def(params), job.index, plan.num_csx, units, batches, budget)
+
+
+class WorkerServicer(rpc.WorkerServicer):
+    def __init__(self, host: RoleHost) -> None:
+        self.host = host
+
+    def RunStep(self, request: pb.RunStepRequest, context: grpc.ServicerContext) -> pb.RunStepReply:
+        engine: WorkerEngine = self.host.logic(context)
+        try:
+            r = engine.run_step(request.step)
+        except Exception as e:
+            abort_on_error(context, e)
+            raise
+        return pb.RunStepReply(loss=r.loss, tokens=r.tokens, compute_s=r.compute_s, wait_s=r.wait_s,
+                               peak_rss_bytes=r.peak_rss_bytes)  # fmt: skip
+
+    def Evaluate(self, request: pb.EvalRequest, context: grpc.ServicerContext) -> pb.EvalReply:
+        engine: WorkerEngine = self.host.logic(context)
+        try:
+            return pb.EvalReply(loss=engine.evaluate(request.step, request.batch))
+        except Exception as e:
+            abort_on_error(context, e)
+            raise
+
+
+def add_servicer(host: RoleHost, server: grpc.Server) -> None:
+    rpc.add_WorkerServicer_to_server(WorkerServicer(host), server)
