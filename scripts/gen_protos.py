@@ -1,7 +1,7 @@
 """Generate the Python gRPC code from protos/ into services/weightstream/proto/ (the one way to make it).
 
-    python scripts/gen_protos.py            # write the generated files
-    python scripts/gen_protos.py --check    # exit 1 if the checked-in files are stale
+python scripts/gen_protos.py            # write the generated files
+python scripts/gen_protos.py --check    # exit 1 if the checked-in files are stale
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ def generate(out: Path) -> list[Path]:
 
     sources = sorted(PROTOS.rglob("*.proto"))
     include = Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={out}", f"--pyi_out={out}",
-            f"--grpc_python_out={out}", *map(str, sources)]  # fmt: skip
+    args = [
+        "protoc",
+        f"-I{PROTOS}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+        f"--grpc_python_out={out}",
+        *map(str, sources),
+    ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     written = []
@@ -41,14 +48,20 @@ def generate(out: Path) -> list[Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with the checked-in files instead of writing")
+    ap.add_argument(
+        "--check", action="store_true", help="compare with the checked-in files instead of writing"
+    )
     if not ap.parse_args().check:
         for f in generate(OUT):
             print(f.relative_to(ROOT))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        stale = [f.relative_to(tmp) for f in generate(Path(tmp))
-                 if not (OUT / f.relative_to(tmp)).exists() or not filecmp.cmp(f, OUT / f.relative_to(tmp), shallow=False)]  # fmt: skip
+        stale = [
+            f.relative_to(tmp)
+            for f in generate(Path(tmp))
+            if not (OUT / f.relative_to(tmp)).exists()
+            or not filecmp.cmp(f, OUT / f.relative_to(tmp), shallow=False)
+        ]
     if stale:
         print("stale generated code (run python scripts/gen_protos.py):", *map(str, stale), file=sys.stderr)
         return 1

@@ -155,7 +155,9 @@ ModelDir = Annotated[Path | None, typer.Option("--model_dir", help="overrides ru
 
 
 @app.command()
-def run(params: ParamsArg, num_csx: NumCsx = None, max_steps: MaxSteps = None, model_dir: ModelDir = None) -> None:
+def run(
+    params: ParamsArg, num_csx: NumCsx = None, max_steps: MaxSteps = None, model_dir: ModelDir = None
+) -> None:
     """Train on the appliance: every role a local process talking gRPC over loopback."""
     from weightstream.coordinator.local import run_local  # keeps `--help` fast
 
@@ -167,8 +169,12 @@ def _role_command(kind: str, what: str) -> None:
     def command(
         host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="port; 0 picks a free one")] = 50051,
-        ready_file: Annotated[Path | None, typer.Option(help="write {address, pid} here once listening")] = None,
-        parent_pid: Annotated[int | None, typer.Option(help="exit when this process is no longer the parent")] = None,
+        ready_file: Annotated[
+            Path | None, typer.Option(help="write {address, pid} here once listening")
+        ] = None,
+        parent_pid: Annotated[
+            int | None, typer.Option(help="exit when this process is no longer the parent")
+        ] = None,
     ) -> None:
         import importlib
         import logging

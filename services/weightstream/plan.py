@@ -50,8 +50,12 @@ class Plan:
         return worker % self.num_act_servers
 
     def counts(self) -> dict[str, int]:
-        return {"memoryx": self.num_wgt_servers, "swarmx": len(self.swarm), "activation": self.num_act_servers,
-                "worker": self.num_csx}  # fmt: skip
+        return {
+            "memoryx": self.num_wgt_servers,
+            "swarmx": len(self.swarm),
+            "activation": self.num_act_servers,
+            "worker": self.num_csx,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,8 +65,16 @@ class Plan:
         swarm = tuple(
             SwarmNode(n["index"], n["parent"], tuple((k, i) for k, i in n["children"])) for n in d["swarm"]
         )
-        return Plan(d["num_csx"], d["num_wgt_servers"], d["num_act_servers"], d["fanout"], tuple(d["unit_shard"]),
-                    swarm, tuple(d["worker_parent"]), dict(d["tensor_shard"]))  # fmt: skip
+        return Plan(
+            d["num_csx"],
+            d["num_wgt_servers"],
+            d["num_act_servers"],
+            d["fanout"],
+            tuple(d["unit_shard"]),
+            swarm,
+            tuple(d["worker_parent"]),
+            dict(d["tensor_shard"]),
+        )
 
 
 def _tree(num_workers: int, fanout: int) -> tuple[tuple[SwarmNode, ...], tuple[int, ...]]:
@@ -107,8 +119,16 @@ def make_plan(params: Params, model: ModelDef | None = None) -> Plan:
     unit_shard = _assign_units(model, rc.num_wgt_servers)
     swarm, worker_parent = _tree(rc.num_csx, rc.swarmx_fanout)
     tensor_shard = {n: unit_shard[u] for n, u in model.owners.items()}
-    return Plan(rc.num_csx, rc.num_wgt_servers, rc.num_act_servers, rc.swarmx_fanout, unit_shard, swarm,
-                worker_parent, tensor_shard)  # fmt: skip
+    return Plan(
+        rc.num_csx,
+        rc.num_wgt_servers,
+        rc.num_act_servers,
+        rc.swarmx_fanout,
+        unit_shard,
+        swarm,
+        worker_parent,
+        tensor_shard,
+    )
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,9 @@ class ControlServicer(rpc.ControlServicer):
 
     def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.HealthReply:
         job = self.host.job
-        return pb.HealthReply(role=self.host.kind, pid=os.getpid(), configured=job is not None,
-                              index=job.index if job else -1)  # fmt: skip
+        return pb.HealthReply(
+            role=self.host.kind, pid=os.getpid(), configured=job is not None, index=job.index if job else -1
+        )
 
     def Configure(self, request: pb.ConfigureRequest, context: grpc.ServicerContext) -> pb.Ack:
         try:

@@ -57,8 +57,16 @@ def test_example_prints_a_valid_params_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("num_csx", ["1", "2"])
 def test_train_reference_writes_metrics_and_learns(tmp_path: Path, num_csx: str) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    r = weightstream("train-reference", str(EXAMPLES / "fc_mlp_digits.yaml"), "--max_steps", "100",
-                     "--num_csx", num_csx, "--metrics", str(metrics))  # fmt: skip
+    r = weightstream(
+        "train-reference",
+        str(EXAMPLES / "fc_mlp_digits.yaml"),
+        "--max_steps",
+        "100",
+        "--num_csx",
+        num_csx,
+        "--metrics",
+        str(metrics),
+    )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [row for row in rows if "loss" in row]

@@ -34,7 +34,9 @@ class ActivationServer:
 def build(job: JobSpec) -> ActivationServer:
     p = load_params(job.params)
     train = make_data_processor(p.train_input, p.model, "train")
-    return ActivationServer(train, make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None)
+    return ActivationServer(
+        train, make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None
+    )
 
 
 class ActivationServicer(rpc.ActivationServicer):

@@ -74,15 +74,42 @@ class LocalProcessBackend:
     def _ready_file(self, role: RoleSpec) -> Path:
         return self.run_dir / f"{role.name}.ready.json"
 
+    def _env(self, role: RoleSpec, num_workers: int) -> dict[str, str]:
+        """Threads per process: all roles share this machine's cores, so the workers (the compute) split
+        them and every other role gets one. Without this each process's BLAS would start a spinning
+        thread per core, and a handful of processes on a few cores would mostly fight each other."""
+        threads = max(1, (os.cpu_count() or 1) // max(1, num_workers)) if role.kind == "worker" else 1
+        names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WEIGHTSTREAM_NUM_THREADS")
+        return {**os.environ, **{n: str(threads) for n in names}}
+
     def start(self, roles: list[RoleSpec]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        num_workers = sum(r.kind == "worker" for r in roles)
         for role in roles:
             self._ready_file(role).unlink(missing_ok=True)
-            cmd = [sys.executable, "-m", "weightstream.cli", role.kind, "--host", self.host, "--port", "0",
-                   "--ready-file", str(self._ready_file(role)), "--parent-pid", str(os.getpid())]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "weightstream.cli",
+                role.kind,
+                "--host",
+                self.host,
+                "--port",
+                "0",
+                "--ready-file",
+                str(self._ready_file(role)),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
             with open(self.run_dir / f"{role.name}.log", "ab") as log:
                 # own session: a Ctrl-C in the terminal reaches the coordinator, which stops roles in order
-                self.procs[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self.procs[role] = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=self._env(role, num_workers),
+                )
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
         deadline = time.monotonic() + timeout_s
@@ -97,7 +124,9 @@ class LocalProcessBackend:
                     addresses[role] = json.loads(f.read_text())["address"]
             if time.monotonic() > deadline:
                 missing = sorted(r.name for r in self.procs if r not in addresses)
-                raise BackendError(f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.run_dir})")
+                raise BackendError(
+                    f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.run_dir})"
+                )
             time.sleep(0.05)
         out: dict[str, list[str]] = {}
         for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
@@ -111,7 +140,8 @@ class LocalProcessBackend:
         for role, p in self.procs.items():
             rc = p.poll()
             if rc is not None:
-                out.append(f"{role.name} (pid {p.pid}) {describe_exit(rc)}; its log: {self.run_dir / (role.name + '.log')}")
+                log = self.run_dir / f"{role.name}.log"
+                out.append(f"{role.name} (pid {p.pid}) {describe_exit(rc)}; its log: {log}")
         return out
 
     def pids(self) -> dict[str, int]:

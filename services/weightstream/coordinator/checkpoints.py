@@ -47,13 +47,24 @@ def hf_config(params: Params) -> dict[str, Any]:
     m = params.model
     if isinstance(m, GPT2ModelParams):
         return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
-            "n_positions": m.max_position_embeddings, "n_embd": m.hidden_size, "n_layer": m.num_hidden_layers,
-            "n_head": m.num_heads, "n_inner": m.inner_size, "activation_function": "gelu_new",
-            "layer_norm_epsilon": m.layer_norm_epsilon, "initializer_range": m.initializer_range,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
-            "tie_word_embeddings": m.share_embedding_weights, "torch_dtype": "float32",
-        }  # fmt: skip
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": m.vocab_size,
+            "n_positions": m.max_position_embeddings,
+            "n_embd": m.hidden_size,
+            "n_layer": m.num_hidden_layers,
+            "n_head": m.num_heads,
+            "n_inner": m.inner_size,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": m.layer_norm_epsilon,
+            "initializer_range": m.initializer_range,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "scale_attn_weights": True,
+            "tie_word_embeddings": m.share_embedding_weights,
+            "torch_dtype": "float32",
+        }
     return {"model_type": "weightstream_fc_mlp", **m.model_dump(mode="json")}
 
 
@@ -70,12 +81,16 @@ def finish_checkpoint(
     k = len(shard_names)
     if k > 1:
         for prefix in ("model", "optimizer"):
-            weight_map = {n: shard_file_name(prefix, i, k) for i, names in enumerate(shard_names) for n in names[prefix]}
+            weight_map = {
+                n: shard_file_name(prefix, i, k) for i, names in enumerate(shard_names) for n in names[prefix]
+            }
             size = sum((tmp / shard_file_name(prefix, i, k)).stat().st_size for i in range(k))
             index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
             write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
     write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
-    write_text_durably(tmp / "trainer_state.json", json.dumps({"global_step": step, **trainer_state}, indent=2))
+    write_text_durably(
+        tmp / "trainer_state.json", json.dumps({"global_step": step, **trainer_state}, indent=2)
+    )
     fsync_dir(tmp)
     final = model_dir / f"checkpoint_{step}"
     if final.exists():

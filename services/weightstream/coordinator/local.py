@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from weightstream.coordinator.backend import LocalProcessBackend
 from weightstream.coordinator.runner import JobFailed, JobRunner
@@ -41,8 +48,15 @@ def run_local(params: Params, out: Console, err: Console) -> int:
     model_dir = Path(rc.model_dir)
     handler = _log_to(model_dir)
     backend = LocalProcessBackend(model_dir / "logs")
-    columns = (TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[status]}"),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     progress = Progress(*columns, console=out, transient=True)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
 
@@ -55,12 +69,15 @@ def run_local(params: Params, out: Console, err: Console) -> int:
             progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
             progress.update(task, completed=e["step"])
         elif kind == "step":
-            progress.update(task, completed=e["step"],
-                            status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s")  # fmt: skip
+            progress.update(
+                task, completed=e["step"], status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
+            )
             if e["step"] % rc.log_steps == 0 or e["step"] == rc.max_steps:
-                progress.console.print(f"step {e['step']:>6}  loss {e['loss']:.4f}  lr {e['learning_rate']:.3g}  "
-                                       f"|g| {e['grad_norm']:.3f}  {e['tokens_per_second']:,.0f} tok/s  "
-                                       f"{e['step_time_s'] * 1000:.0f} ms/step")  # fmt: skip
+                progress.console.print(
+                    f"step {e['step']:>6}  loss {e['loss']:.4f}  lr {e['learning_rate']:.3g}  "
+                    f"|g| {e['grad_norm']:.3f}  {e['tokens_per_second']:,.0f} tok/s  "
+                    f"{e['step_time_s'] * 1000:.0f} ms/step"
+                )
         elif kind == "eval":
             progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
         elif kind == "checkpoint":
@@ -81,10 +98,14 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         logging.getLogger("weightstream").removeHandler(handler)
         handler.close()
     if summary.steps_run == 0:
-        out.print(f"nothing to do: {model_dir} already holds step {summary.start_step} (max_steps {rc.max_steps})")
+        out.print(
+            f"nothing to do: {model_dir} already holds step {summary.start_step} (max_steps {rc.max_steps})"
+        )
         return 0
     loss = f", final loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
     ev = f", eval_loss {summary.last_eval_loss:.4f}" if summary.last_eval_loss is not None else ""
-    out.print(f"done: steps {summary.start_step}→{summary.final_step} in {time.monotonic() - t0:.1f}s{loss}{ev}; "
-              f"checkpoint {summary.checkpoint}")  # fmt: skip
+    out.print(
+        f"done: steps {summary.start_step}→{summary.final_step} in {time.monotonic() - t0:.1f}s{loss}{ev}; "
+        f"checkpoint {summary.checkpoint}"
+    )
     return 0

@@ -51,8 +51,13 @@ class RunSummary:
 
 
 class JobRunner:
-    def __init__(self, params: Params, backend: Backend, on_event: Callable[[Event], None] | None = None,
-                 job_id: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Params,
+        backend: Backend,
+        on_event: Callable[[Event], None] | None = None,
+        job_id: str = "local",
+    ) -> None:
         self.params, self.backend, self.job_id = params, backend, job_id
         self.on_event = on_event or (lambda e: None)
         self.rc = params.runconfig
@@ -60,7 +65,9 @@ class JobRunner:
         self.opt = optimizer_config(params.optimizer)
         self.plan = make_plan(params, self.model)
         self.model_dir = Path(self.rc.model_dir)
-        self._pool = ThreadPoolExecutor(max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord")
+        self._pool = ThreadPoolExecutor(
+            max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord"
+        )
         self.names: dict[str, list[str]] = {}
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -120,69 +127,93 @@ class JobRunner:
 
             def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
                 job = JobSpec(params, self.plan.to_dict(), self.addresses, kind, i, resume_dir, self.job_id)
-                call(f"{kind}-{i}", "Configure", controls[i].Configure, pb.ConfigureRequest(job_json=job.to_json()),
-                     timeout=self.rc.rpc_timeout_s)  # fmt: skip
+                call(
+                    f"{kind}-{i}",
+                    "Configure",
+                    controls[i].Configure,
+                    pb.ConfigureRequest(job_json=job.to_json()),
+                    timeout=self.rc.rpc_timeout_s,
+                )
 
             self._all(kind, configure, self.rc.rpc_timeout_s)
         self.workers = [rpc.WorkerStub(open_channel(a)) for a in self.addresses["worker"]]
         self.shards = [rpc.MemoryXStub(open_channel(a)) for a in self.addresses["memoryx"]]
         self._emit("status", status="running", addresses=self.addresses)
 
+    def _rpc_all(self, kind: str, method: str, request: Any) -> list[Any]:
+        """Call ``method`` on every worker or MemoryX shard at once (``request`` may be a function of the
+        index), each call with the job's deadline."""
+        stubs = self.workers if kind == "worker" else self.shards
+        timeout = self.rc.rpc_timeout_s
+
+        def one(i: int) -> Any:
+            req = request(i) if callable(request) else request
+            return call(f"{kind}-{i}", method, getattr(stubs[i], method), req, timeout=timeout)
+
+        return self._all(kind, one, timeout)
+
+    def _step(self, step: int) -> dict[str, Any]:
+        """Train step ``step`` (0-based); returns its metrics record."""
+        t0 = time.monotonic()
+        replies = self._rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
+        sq = [r.sq_sum for r in self._rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
+        norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
+        lr = self.opt.learning_rate(step)
+        self._rpc_all("memoryx", "ApplyUpdate", pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef))
+        return {
+            "step": step + 1,
+            "loss": sum(r.loss for r in replies),
+            "learning_rate": lr,
+            "grad_norm": norm,
+            "tokens": sum(r.tokens for r in replies),
+            "step_time_s": time.monotonic() - t0,
+            "worker_wait_s": max(r.wait_s for r in replies),
+            "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
+        }
+
     def _train(self, start_step: int, t0: float) -> RunSummary:
-        rc, timeout = self.rc, self.rc.rpc_timeout_s
-        metrics = (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        rc = self.rc
         loss = eval_loss = None
         checkpoint: Path | None = None
         tokens_total, t_train = 0, time.monotonic()
-        try:
+        with (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as metrics:
             for step in range(start_step, rc.max_steps):
-                t_step = time.monotonic()
-                replies: list[pb.RunStepReply] = self._all(
-                    "worker", lambda i, s=step: call(f"worker-{i}", "RunStep", self.workers[i].RunStep,
-                                                     pb.RunStepRequest(step=s), timeout=timeout), timeout)  # fmt: skip
-                sq = self._all("memoryx", lambda i, s=step: call(f"memoryx-{i}", "GradNormSq", self.shards[i].GradNormSq,
-                               pb.StepRequest(step=s), timeout=timeout).sq_sum, timeout)  # fmt: skip
-                norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
-                lr = self.opt.learning_rate(step)
-                update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
-                self._all("memoryx", lambda i: call(f"memoryx-{i}", "ApplyUpdate", self.shards[i].ApplyUpdate, update,
-                                                    timeout=timeout), timeout)  # fmt: skip
-                done = step + 1
-                loss = sum(r.loss for r in replies)
-                tokens = sum(r.tokens for r in replies)
-                tokens_total += tokens
-                step_time = time.monotonic() - t_step
-                record = {"step": done, "loss": loss, "learning_rate": lr, "grad_norm": norm,
-                          "tokens_per_second": tokens_total / (time.monotonic() - t_train), "step_time_s": step_time,
-                          "worker_wait_s": max(r.wait_s for r in replies),
-                          "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies)}  # fmt: skip
+                record = self._step(step)
+                done, loss = record["step"], record["loss"]
+                tokens_total += record.pop("tokens")
+                record["tokens_per_second"] = tokens_total / (time.monotonic() - t_train)
                 self._emit("step", **record, max_steps=rc.max_steps)
-                if done % rc.log_steps == 0 or done == rc.max_steps:
+                last = done == rc.max_steps
+                if done % rc.log_steps == 0 or last:
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
-                    log.info("step %d loss %.5f lr %.3g |g| %.4f %.0f tok/s", done, loss, lr, norm,
-                             record["tokens_per_second"])  # fmt: skip
-                last = done == rc.max_steps
-                if self.params.eval_input is not None and ((rc.eval_frequency and done % rc.eval_frequency == 0) or last):
+                    log.info(
+                        "step %d loss %.5f lr %.3g |g| %.4f",
+                        done,
+                        loss,
+                        record["learning_rate"],
+                        record["grad_norm"],
+                    )
+                wants_eval = rc.eval_frequency and done % rc.eval_frequency == 0
+                if self.params.eval_input is not None and (wants_eval or last):
                     eval_loss = self._evaluate(done)
                     metrics.write(json.dumps({"step": done, "eval_loss": eval_loss}) + "\n")
                     metrics.flush()
                 if last or (rc.checkpoint_steps and done % rc.checkpoint_steps == 0):
                     checkpoint = self._checkpoint(done)
-        finally:
-            metrics.close()
         if start_step >= rc.max_steps:
-            log.info("nothing to do: checkpoint at step %d, max_steps %d", start_step, rc.max_steps)
             found = last_checkpoint(self.model_dir)
             checkpoint = found[1] if found else None
-        return RunSummary(rc.max_steps - start_step if start_step < rc.max_steps else 0, start_step, rc.max_steps,
-                          loss, eval_loss, checkpoint, time.monotonic() - t0)  # fmt: skip
+        steps_run = max(0, rc.max_steps - start_step)
+        return RunSummary(
+            steps_run, start_step, rc.max_steps, loss, eval_loss, checkpoint, time.monotonic() - t0
+        )
 
     def _evaluate(self, step: int) -> float:
         n = self.rc.eval_steps
-        parts = self._all("worker", lambda i: call(f"worker-{i}", "Evaluate", self.workers[i].Evaluate,
-                          pb.EvalRequest(step=step, batch=n), timeout=self.rc.rpc_timeout_s).loss, self.rc.rpc_timeout_s)  # fmt: skip
-        eval_loss = sum(parts) / n
+        eval_loss = (
+            sum(r.loss for r in self._rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))) / n
+        )
         log.info("step %d eval_loss %.5f", step, eval_loss)
         self._emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss
@@ -191,15 +222,23 @@ class JobRunner:
         tmp = partial_dir(self.model_dir, step)
         k = self.rc.num_wgt_servers
 
-        def save(i: int) -> dict[str, list[str]]:
-            req = pb.CheckpointRequest(step=step, directory=str(tmp.resolve()), model_file=shard_file_name("model", i, k),
-                                       optimizer_file=shard_file_name("optimizer", i, k))  # fmt: skip
-            r = call(f"memoryx-{i}", "SaveCheckpoint", self.shards[i].SaveCheckpoint, req, timeout=self.rc.rpc_timeout_s)
-            return {"model": list(r.tensor_names), "optimizer": list(r.state_names)}
+        def request(i: int) -> pb.CheckpointRequest:
+            return pb.CheckpointRequest(
+                step=step,
+                directory=str(tmp.resolve()),
+                model_file=shard_file_name("model", i, k),
+                optimizer_file=shard_file_name("optimizer", i, k),
+            )
 
-        names = self._all("memoryx", save, self.rc.rpc_timeout_s)
-        state = {"num_csx": self.rc.num_csx, "num_wgt_servers": k, "seed": self.rc.seed,
-                 "optimizer_type": self.opt.kind, "weightstream_format": 1}  # fmt: skip
+        replies = self._rpc_all("memoryx", "SaveCheckpoint", request)
+        names = [{"model": list(r.tensor_names), "optimizer": list(r.state_names)} for r in replies]
+        state = {
+            "num_csx": self.rc.num_csx,
+            "num_wgt_servers": k,
+            "seed": self.rc.seed,
+            "optimizer_type": self.opt.kind,
+            "weightstream_format": 1,
+        }
         path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state)
         log.info("checkpoint %s", path)
         self._emit("checkpoint", step=step, path=str(path))

@@ -25,8 +25,14 @@ def build(job: JobSpec) -> MemoryXShard:
     model = model_def(params)
     plan = Plan.from_dict(job.plan)
     names = [n for n in model.specs if plan.tensor_shard[n] == job.index]
-    return MemoryXShard(model, optimizer_config(params.optimizer), names, params.runconfig.seed,
-                        params.runconfig.rpc_timeout_s, job.resume_dir)  # fmt: skip
+    return MemoryXShard(
+        model,
+        optimizer_config(params.optimizer),
+        names,
+        params.runconfig.seed,
+        params.runconfig.rpc_timeout_s,
+        job.resume_dir,
+    )
 
 
 class MemoryXServicer(rpc.MemoryXServicer):
@@ -36,7 +42,9 @@ class MemoryXServicer(rpc.MemoryXServicer):
     def _shard(self, context: grpc.ServicerContext) -> MemoryXShard:
         return self.host.logic(context)
 
-    def GetTensors(self, request: pb.TensorRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+    def GetTensors(
+        self, request: pb.TensorRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.TensorFrame]:
         shard = self._shard(context)
         try:
             tensors = shard.tensors(request.step, list(request.names))
@@ -44,7 +52,9 @@ class MemoryXServicer(rpc.MemoryXServicer):
             abort_on_error(context, e)
         yield from tensor_frames(tensors)
 
-    def PushGradients(self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext) -> pb.Ack:
+    def PushGradients(
+        self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext
+    ) -> pb.Ack:
         shard = self._shard(context)
         try:
             head, grads = read_frames(request_iterator)
@@ -64,13 +74,17 @@ class MemoryXServicer(rpc.MemoryXServicer):
 
     def ApplyUpdate(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> pb.Ack:
         try:
-            applied = self._shard(context).apply_update(request.step, request.learning_rate, request.clip_coef)
+            applied = self._shard(context).apply_update(
+                request.step, request.learning_rate, request.clip_coef
+            )
         except Exception as e:
             abort_on_error(context, e)
             raise
         return pb.Ack(message="applied" if applied else "already applied")
 
-    def SaveCheckpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointReply:
+    def SaveCheckpoint(
+        self, request: pb.CheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CheckpointReply:
         shard = self._shard(context)
         try:
             weights, state, step = shard.snapshot()
@@ -86,5 +100,3 @@ class MemoryXServicer(rpc.MemoryXServicer):
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
     rpc.add_MemoryXServicer_to_server(MemoryXServicer(host), server)
-
-

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from weightstream.memoryx.storage import load_tensors
 from weightstream.numerics import ModelDef, OptimizerConfig, init_params
 from weightstream.numerics.optim import grad_sq_sum, init_state, optimizer_step, state_names
-from weightstream.memoryx.storage import load_tensors
 
 __all__ = ["MemoryXShard", "StaleStepError"]
 
@@ -38,7 +38,9 @@ class MemoryXShard:
     ) -> None:
         self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
         # which units contribute a gradient to each tensor (two for a tied embedding)
-        self.users = {n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names}
+        self.users = {
+            n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names
+        }
         self.step = 0
         if resume_dir is None:
             self.weights = init_params(model, seed, self.names)
@@ -55,7 +57,9 @@ class MemoryXShard:
         place under the lock after every reader of this step is done (the coordinator's ordering)."""
         with self._cond:
             if not self._cond.wait_for(lambda: self.step >= step, timeout=self.timeout_s):
-                raise TimeoutError(f"weights of step {step} not ready after {self.timeout_s}s (at {self.step})")
+                raise TimeoutError(
+                    f"weights of step {step} not ready after {self.timeout_s}s (at {self.step})"
+                )
             if self.step != step:
                 raise StaleStepError(f"weights of step {step} requested, shard is at step {self.step}")
             missing = [n for n in names if n not in self.weights]
@@ -76,7 +80,9 @@ class MemoryXShard:
                 if unit in self._pending[name]:
                     raise ValueError(f"gradient of {name!r} from unit {unit} arrived twice in step {step}")
                 if g.shape != self.weights[name].shape:
-                    raise ValueError(f"gradient of {name!r} has shape {g.shape}, expected {self.weights[name].shape}")
+                    raise ValueError(
+                        f"gradient of {name!r} has shape {g.shape}, expected {self.weights[name].shape}"
+                    )
                 self._pending[name][unit] = g.astype(np.float32, copy=False)
             self._cond.notify_all()
 
@@ -89,10 +95,15 @@ class MemoryXShard:
                 raise StaleStepError(f"norm of step {step} requested, shard is at step {self.step}")
             if self._grads is None:
                 if not self._cond.wait_for(self._complete, timeout=self.timeout_s):
-                    missing = {n: sorted(set(self.users[n]) - set(self._pending[n])) for n in self.names
-                               if len(self._pending[n]) < len(self.users[n])}  # fmt: skip
-                    raise TimeoutError(f"step {step}: gradients still missing after {self.timeout_s}s "
-                                       f"(tensor: units) {missing}")  # fmt: skip
+                    missing = {
+                        n: sorted(set(self.users[n]) - set(self._pending[n]))
+                        for n in self.names
+                        if len(self._pending[n]) < len(self.users[n])
+                    }
+                    raise TimeoutError(
+                        f"step {step}: gradients still missing after {self.timeout_s}s "
+                        f"(tensor: units) {missing}"
+                    )
                 grads = {}
                 for n in self.names:
                     parts = [self._pending[n][u] for u in self.users[n]]  # unit order, not arrival order

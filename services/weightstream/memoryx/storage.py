@@ -29,10 +29,14 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
     from safetensors.numpy import save
 
     # "format": "pt" is what transformers' from_pretrained expects in the metadata
-    write_bytes_durably(path, save({n: np.ascontiguousarray(t) for n, t in tensors.items()}, metadata={"format": "pt"}))
+    write_bytes_durably(
+        path, save({n: np.ascontiguousarray(t) for n, t in tensors.items()}, metadata={"format": "pt"})
+    )
 
 
-def load_tensors(directory: str | Path, prefix: str, names: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
+def load_tensors(
+    directory: str | Path, prefix: str, names: Sequence[str]
+) -> tuple[dict[str, np.ndarray], int]:
     """The named tensors of ``prefix`` (model or optimizer) from a checkpoint, wherever they are sharded,
     and the checkpoint's step. Only the files holding them are opened, and only those tensors read."""
     from safetensors import safe_open

@@ -156,7 +156,9 @@ class RunConfig(_Section):
     model_dir: str = "./model_dir"
     autoload_last_checkpoint: bool = True
     # weightstream's own keys (not in ModelZoo)
-    swarmx_fanout: Annotated[int, Field(ge=2)] = 4  # children per SwarmX node; the tree's depth is log_fanout(N)
+    swarmx_fanout: Annotated[int, Field(ge=2)] = (
+        4  # children per SwarmX node; the tree's depth is log_fanout(N)
+    )
     worker_memory_mb: PositiveInt | None = None  # a worker's activation budget; None: unlimited
     rpc_timeout_s: PositiveFloat = 120.0  # deadline of every call and every wait between roles
 

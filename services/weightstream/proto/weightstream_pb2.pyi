@@ -20,28 +20,32 @@ class StreamHead(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unit: _Optional[int] = ..., phase: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "nbytes", "crc32")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "crc32")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
     nbytes: int
     crc32: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., crc32: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class TensorFrame(_message.Message):
-    __slots__ = ("head", "tensor", "data")
+    __slots__ = ("head", "tensors", "total_bytes", "data")
     HEAD_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     head: StreamHead
-    tensor: TensorHeader
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
+    total_bytes: int
     data: bytes
-    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -69,7 +69,9 @@ class SwarmNodeLogic:
             finally:
                 flight.done.set()
         elif not flight.done.wait(self.timeout_s):
-            raise TimeoutError(f"unit {unit} of step {step} (pass {pass_}) not received after {self.timeout_s}s")
+            raise TimeoutError(
+                f"unit {unit} of step {step} (pass {pass_}) not received after {self.timeout_s}s"
+            )
         with self._lock:
             flight.remaining -= 1
             if flight.remaining <= 0 and self._flights.get(key) is flight:

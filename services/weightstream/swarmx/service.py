@@ -23,7 +23,9 @@ __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer"
 class MemoryXUpstream:
     """The root's upstream: each tensor from (and each gradient to) the shard that owns it."""
 
-    def __init__(self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool) -> None:
+    def __init__(
+        self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool
+    ) -> None:
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.addresses = addresses
         self.stubs = [rpc.MemoryXStub(open_channel(a)) for a in addresses]
@@ -40,8 +42,13 @@ class MemoryXUpstream:
 
         def fetch(shard: int, shard_names: list[str]) -> Tensors:
             peer = f"memoryx-{shard} ({self.addresses[shard]})"
-            it = call(peer, "GetTensors", self.stubs[shard].GetTensors, pb.TensorRequest(step=step, names=shard_names),
-                      timeout=self.timeout_s)  # fmt: skip
+            it = call(
+                peer,
+                "GetTensors",
+                self.stubs[shard].GetTensors,
+                pb.TensorRequest(step=step, names=shard_names),
+                timeout=self.timeout_s,
+            )
             return read_frames(stream(peer, "GetTensors", it))[1]
 
         out: Tensors = {}
@@ -51,9 +58,16 @@ class MemoryXUpstream:
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         def push(shard: int, shard_names: list[str]) -> None:
-            frames = tensor_frames([(n, grads[n]) for n in shard_names], pb.StreamHead(step=step, unit=unit), self.bf16)
-            call(f"memoryx-{shard} ({self.addresses[shard]})", "PushGradients", self.stubs[shard].PushGradients,
-                 frames, timeout=self.timeout_s)  # fmt: skip
+            frames = tensor_frames(
+                [(n, grads[n]) for n in shard_names], pb.StreamHead(step=step, unit=unit), self.bf16
+            )
+            call(
+                f"memoryx-{shard} ({self.addresses[shard]})",
+                "PushGradients",
+                self.stubs[shard].PushGradients,
+                frames,
+                timeout=self.timeout_s,
+            )
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
 
@@ -66,12 +80,19 @@ class ParentUpstream:
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
 
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors:
-        it = call(self.peer, "GetUnit", self.stub.GetUnit, pb.UnitRequest(step=step, unit=unit, phase=pass_),
-                  timeout=self.timeout_s)  # fmt: skip
+        it = call(
+            self.peer,
+            "GetUnit",
+            self.stub.GetUnit,
+            pb.UnitRequest(step=step, unit=unit, phase=pass_),
+            timeout=self.timeout_s,
+        )
         return read_frames(stream(self.peer, "GetUnit", it))[1]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        frames = tensor_frames(grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16)
+        frames = tensor_frames(
+            grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
+        )
         call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
 
 
@@ -85,8 +106,13 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             model_def(params), plan, job.addresses["memoryx"], timeout, bf16
         )
     else:
-        upstream = ParentUpstream(job.addresses["swarmx"][node.parent], plan.child_slot("swarmx", job.index),
-                                  timeout, bf16, f"swarmx-{node.parent}")  # fmt: skip
+        upstream = ParentUpstream(
+            job.addresses["swarmx"][node.parent],
+            plan.child_slot("swarmx", job.index),
+            timeout,
+            bf16,
+            f"swarmx-{node.parent}",
+        )
     return SwarmNodeLogic(len(node.children), upstream, timeout)
 
 
@@ -103,7 +129,9 @@ class SwarmXServicer(rpc.SwarmXServicer):
         bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
         yield from tensor_frames(tensors.items(), bf16=bf16)
 
-    def PushGradients(self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext) -> pb.Ack:
+    def PushGradients(
+        self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext
+    ) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
         try:
             head, grads = read_frames(request_iterator)

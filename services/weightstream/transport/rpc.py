@@ -22,7 +22,9 @@ OPTIONS = [
 ]
 
 
-def create_server(address: str, register: Callable[[grpc.Server], None], workers: int = 32) -> tuple[grpc.Server, int]:
+def create_server(
+    address: str, register: Callable[[grpc.Server], None], workers: int = 32
+) -> tuple[grpc.Server, int]:
     """A started server on ``address`` (port 0 picks a free one); returns it with the bound port.
 
     Many threads: a SwarmX node holds one open call per child while it waits for its parent, and a

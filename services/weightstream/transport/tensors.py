@@ -1,31 +1,25 @@
-"""Tensors as frame streams: ~4 MiB data frames, a crc32 per tensor, optional bfloat16 on the wire.
+"""Tensors as frame streams: headers up front, payload in ~4 MiB frames, a crc32 per tensor, bf16 optional.
 
-The receiver assembles each tensor into one preallocated buffer (one copy out of the protobuf message,
-none after), checks its crc32 and returns numpy arrays; float tensors sent as bfloat16 come back float32.
+The receiver assembles the payload into one preallocated buffer (one copy out of each protobuf message,
+none after) and hands out arrays that are views into it; float tensors sent as bfloat16 come back float32.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import ChecksumError, ProtocolError
 
-__all__ = [
-    "CHUNK_BYTES",
-    "NamedTensor",
-    "bf16_to_f32",
-    "f32_to_bf16",
-    "read_frames",
-    "tensor_frames",
-]
+__all__ = ["CHUNK_BYTES", "NamedTensor", "bf16_to_f32", "f32_to_bf16", "read_frames", "tensor_frames"]
 
-# 4 MiB: large enough that per-message overhead is small, small enough to stay far below gRPC's
-# message limit and to let the receiver copy while the sender serialises the next frame.
+# 4 MiB: large enough that per-message overhead is small, far below gRPC's message limit, and small
+# enough that the receiver copies one frame while the sender serialises the next.
 CHUNK_BYTES = 4 << 20
+_ALIGN = 64  # every tensor starts on a cache line, so the receiver's views are aligned for numpy
 NamedTensor = tuple[str, np.ndarray]
 _DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "int64": np.int64, "uint16": np.uint16}
 
@@ -33,8 +27,9 @@ _DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "int64": np.int64, "uin
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), rounding to nearest even; NaN stays NaN."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    out = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(
+        np.uint16
+    )
     nan = np.isnan(x)
     if nan.any():
         out[nan.reshape(out.shape)] = 0x7FC0
@@ -45,12 +40,16 @@ def bf16_to_f32(b: np.ndarray) -> np.ndarray:
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def _pad(n: int) -> int:
+    return -n % _ALIGN
+
+
 def tensor_frames(
     tensors: Iterable[NamedTensor], head: pb.StreamHead | None = None, bf16: bool = False
 ) -> Iterator[pb.TensorFrame]:
-    """Frames for ``tensors`` (optionally led by ``head``). With ``bf16`` float32 tensors travel as bfloat16."""
-    if head is not None:
-        yield pb.TensorFrame(head=head)
+    """Frames for ``tensors`` (optionally with ``head``). With ``bf16``, float32 travels as bfloat16."""
+    headers, views = [], []
+    offset = 0
     for name, arr in tensors:
         if bf16 and arr.dtype == np.float32:
             wire, dtype = f32_to_bf16(arr), "bfloat16"
@@ -59,55 +58,80 @@ def tensor_frames(
             if dtype not in _DTYPES:
                 raise ProtocolError(f"tensor {name!r}: dtype {dtype} cannot be sent")
         view = memoryview(wire.reshape(-1).view(np.uint8))
-        header = pb.TensorHeader(name=name, dtype=dtype, shape=arr.shape, nbytes=view.nbytes, crc32=zlib.crc32(view))
-        yield pb.TensorFrame(tensor=header)
-        for off in range(0, view.nbytes, CHUNK_BYTES):
-            yield pb.TensorFrame(data=view[off : off + CHUNK_BYTES].tobytes())
+        headers.append(
+            pb.TensorHeader(
+                name=name,
+                dtype=dtype,
+                shape=arr.shape,
+                offset=offset,
+                nbytes=view.nbytes,
+                crc32=zlib.crc32(view),
+            )
+        )
+        views.append(view)
+        offset += view.nbytes + _pad(view.nbytes)
+    chunks = _chunks(views)
+    first = next(chunks, b"")
+    yield pb.TensorFrame(head=head, tensors=headers, total_bytes=offset, data=first)
+    for data in chunks:
+        yield pb.TensorFrame(data=data)
+
+
+def _chunks(views: list[memoryview]) -> Iterator[bytes]:
+    """The payload (tensors back to back, each padded to the alignment) cut into CHUNK_BYTES pieces."""
+    parts: list[memoryview | bytes] = []
+    size = 0
+    for view in views:
+        pieces: list[memoryview | bytes] = [view]
+        if _pad(view.nbytes):
+            pieces.append(bytes(_pad(view.nbytes)))
+        for piece in pieces:
+            pos = 0
+            while pos < len(piece):
+                take = min(CHUNK_BYTES - size, len(piece) - pos)
+                parts.append(piece[pos : pos + take])
+                size += take
+                pos += take
+                if size == CHUNK_BYTES:
+                    yield b"".join(parts)
+                    parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
 
 
 def read_frames(frames: Iterable[pb.TensorFrame]) -> tuple[pb.StreamHead | None, dict[str, np.ndarray]]:
     """Assemble a frame stream into (head or None, {name: array}), verifying every checksum."""
-    head: pb.StreamHead | None = None
-    out: dict[str, np.ndarray] = {}
-    current: pb.TensorHeader | None = None
-    buf: np.ndarray | None = None
+    it = iter(frames)
+    first = next(it, None)
+    if first is None:
+        raise ProtocolError("empty tensor stream")
+    buf = np.empty(first.total_bytes, dtype=np.uint8)
     filled = 0
-
-    def finish() -> None:
-        assert current is not None and buf is not None
-        if filled != current.nbytes:
-            raise ProtocolError(f"tensor {current.name!r}: got {filled} of {current.nbytes} bytes")
-        if zlib.crc32(buf) != current.crc32:
-            raise ChecksumError(f"tensor {current.name!r}: crc32 mismatch ({current.nbytes} bytes)")
-        arr = buf.view(_DTYPES[current.dtype]).reshape(tuple(current.shape))
-        out[current.name] = bf16_to_f32(arr) if current.dtype == "bfloat16" else arr
-
-    for frame in frames:
-        kind = frame.WhichOneof("kind")
-        if kind == "head":
-            if head is not None or current is not None:
-                raise ProtocolError("a stream head may only open a stream")
-            head = frame.head
-        elif kind == "tensor":
-            if current is not None:
-                finish()
-            current = frame.tensor
-            if current.dtype not in _DTYPES:
-                raise ProtocolError(f"tensor {current.name!r}: unknown wire dtype {current.dtype!r}")
-            buf = np.empty(current.nbytes, dtype=np.uint8)
-            filled = 0
-        elif kind == "data":
-            if current is None or buf is None:
-                raise ProtocolError("data frame before any tensor header")
-            n = len(frame.data)
-            if filled + n > current.nbytes:
-                raise ProtocolError(f"tensor {current.name!r}: more than {current.nbytes} bytes")
-            buf[filled : filled + n] = np.frombuffer(frame.data, dtype=np.uint8)
-            filled += n
-    if current is not None:
-        finish()
-    return head, out
+    for frame in _with_first(first, it):
+        n = len(frame.data)
+        if filled + n > first.total_bytes:
+            raise ProtocolError(f"stream carries more than the announced {first.total_bytes} bytes")
+        buf[filled : filled + n] = np.frombuffer(frame.data, dtype=np.uint8)
+        filled += n
+    if filled != first.total_bytes:
+        raise ProtocolError(f"stream ended after {filled} of {first.total_bytes} bytes")
+    out: dict[str, np.ndarray] = {}
+    for h in first.tensors:
+        if h.dtype not in _DTYPES:
+            raise ProtocolError(f"tensor {h.name!r}: unknown wire dtype {h.dtype!r}")
+        raw = buf[h.offset : h.offset + h.nbytes]
+        if len(raw) != h.nbytes:
+            raise ProtocolError(f"tensor {h.name!r}: extends past the payload")
+        if zlib.crc32(raw) != h.crc32:
+            raise ChecksumError(f"tensor {h.name!r}: crc32 mismatch ({h.nbytes} bytes)")
+        arr = raw.view(_DTYPES[h.dtype]).reshape(tuple(h.shape))
+        out[h.name] = bf16_to_f32(arr) if h.dtype == "bfloat16" else arr
+    return (first.head if first.HasField("head") else None), out
 
 
-def ordered(tensors: dict[str, np.ndarray], names: Sequence[str]) -> list[NamedTensor]:
-    return [(n, tensors[n]) for n in names]
+def _with_first(first: pb.TensorFrame, rest: Iterator[pb.TensorFrame]) -> Iterator[pb.TensorFrame]:
+    yield first
+    for frame in rest:
+        if frame.tensors or frame.HasField("head"):
+            raise ProtocolError("tensor headers and the stream head may only come in the first frame")
+        yield frame

@@ -79,7 +79,9 @@ class WorkerEngine:
         self._fetch.shutdown(wait=False, cancel_futures=True)
         self._push.shutdown(wait=False, cancel_futures=True)
 
-    def _stream(self, step: int, order: list[int], phase: int, clock: list[float]) -> Iterator[tuple[int, Tensors]]:
+    def _stream(
+        self, step: int, order: list[int], phase: int, clock: list[float]
+    ) -> Iterator[tuple[int, Tensors]]:
         """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one."""
         nxt: Future[Tensors] | None = self._fetch.submit(self.units.get_unit, step, order[0], phase)
         for i, u in enumerate(order):
@@ -87,7 +89,11 @@ class WorkerEngine:
             t0 = time.perf_counter()
             params = nxt.result()
             clock[0] += time.perf_counter() - t0
-            nxt = self._fetch.submit(self.units.get_unit, step, order[i + 1], phase) if i + 1 < len(order) else None
+            nxt = (
+                self._fetch.submit(self.units.get_unit, step, order[i + 1], phase)
+                if i + 1 < len(order)
+                else None
+            )
             yield u, params
             del params  # at most this unit and the prefetched next one are alive
 
@@ -139,5 +145,7 @@ class WorkerEngine:
         xs = [b[0] for b in batches]
         for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
             xs = [self.model.units[u].forward(params, x)[0] for x in xs]
-        return sum(cross_entropy_forward(x, y, y.size * self.num_workers)[0] for x, (_, y) in zip(xs, batches,
-                                                                                                   strict=True))
+        return sum(
+            cross_entropy_forward(x, y, y.size * self.num_workers)[0]
+            for x, (_, y) in zip(xs, batches, strict=True)
+        )

@@ -24,12 +24,19 @@ class SwarmParent:
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
 
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
-        it = call(self.peer, "GetUnit", self.stub.GetUnit, pb.UnitRequest(step=step, unit=unit, phase=phase),
-                  timeout=self.timeout_s)  # fmt: skip
+        it = call(
+            self.peer,
+            "GetUnit",
+            self.stub.GetUnit,
+            pb.UnitRequest(step=step, unit=unit, phase=phase),
+            timeout=self.timeout_s,
+        )
         return read_frames(stream(self.peer, "GetUnit", it))[1]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        frames = tensor_frames(grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16)
+        frames = tensor_frames(
+            grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
+        )
         call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
 
 
@@ -51,8 +58,13 @@ def build(job: JobSpec) -> WorkerEngine:
     rc = params.runconfig
     parent = plan.worker_parent[job.index]
     act = plan.worker_activation(job.index)
-    units = SwarmParent(job.addresses["swarmx"][parent], f"swarmx-{parent}", plan.child_slot("worker", job.index),
-                        rc.rpc_timeout_s, params.model.fp16_type == "bfloat16")  # fmt: skip
+    units = SwarmParent(
+        job.addresses["swarmx"][parent],
+        f"swarmx-{parent}",
+        plan.child_slot("worker", job.index),
+        rc.rpc_timeout_s,
+        params.model.fp16_type == "bfloat16",
+    )
     batches = ActivationClient(job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     return WorkerEngine(model_def(params), job.index, plan.num_csx, units, batches, budget)
@@ -69,8 +81,13 @@ class WorkerServicer(rpc.WorkerServicer):
         except Exception as e:
             abort_on_error(context, e)
             raise
-        return pb.RunStepReply(loss=r.loss, tokens=r.tokens, compute_s=r.compute_s, wait_s=r.wait_s,
-                               peak_rss_bytes=r.peak_rss_bytes)  # fmt: skip
+        return pb.RunStepReply(
+            loss=r.loss,
+            tokens=r.tokens,
+            compute_s=r.compute_s,
+            wait_s=r.wait_s,
+            peak_rss_bytes=r.peak_rss_bytes,
+        )
 
     def Evaluate(self, request: pb.EvalRequest, context: grpc.ServicerContext) -> pb.EvalReply:
         engine: WorkerEngine = self.host.logic(context)
