@@ -63,6 +63,8 @@ def hf_config(params: Params) -> dict[str, Any]:
             "attn_pdrop": 0.0,
             "scale_attn_weights": True,
             "tie_word_embeddings": m.share_embedding_weights,
+            "bos_token_id": None,
+            "eos_token_id": None,  # byte and synthetic tokens have no special ids
             "torch_dtype": "float32",
         }
     return {"model_type": "weightstream_fc_mlp", **m.model_dump(mode="json")}

@@ -1,0 +1,87 @@
+"""Helpers for running the appliance the way a user does: `weightstream run` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# A GPT-2 small enough that a run of a dozen steps takes seconds, with every kind of unit in it.
+TINY: dict[str, Any] = {
+    "train_input": {
+        "data_processor": "SyntheticDataProcessor",
+        "batch_size": 8,
+        "max_sequence_length": 16,
+        "shuffle_seed": 3,
+    },
+    "eval_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 8, "max_sequence_length": 16},
+    "model": {
+        "name": "gpt2",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_heads": 4,
+        "filter_size": 64,
+        "max_position_embeddings": 16,
+    },
+    "optimizer": {
+        "optimizer_type": "adamw",
+        "betas": [0.9, 0.95],
+        "weight_decay": 0.01,
+        "max_gradient_norm": 1.0,
+        "learning_rate": [
+            {
+                "scheduler": "Linear",
+                "initial_learning_rate": 0.0,
+                "end_learning_rate": 3.0e-3,
+                "total_iters": 3,
+            },
+            {
+                "scheduler": "CosineDecay",
+                "initial_learning_rate": 3.0e-3,
+                "end_learning_rate": 3.0e-4,
+                "total_iters": 9,
+            },
+        ],
+    },
+    "runconfig": {
+        "max_steps": 8,
+        "log_steps": 1,
+        "eval_steps": 2,
+        "seed": 7,
+        "num_wgt_servers": 2,
+        "rpc_timeout_s": 60.0,
+    },
+}
+
+
+def write_params(tmp: Path, **runconfig: Any) -> Path:
+    p = json.loads(json.dumps(TINY))
+    p["runconfig"].update(runconfig)
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(p))
+    return path
+
+
+def weightstream_cmd() -> list[str]:
+    exe = shutil.which("weightstream")
+    return [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+
+
+def run(params: Path, model_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    cmd = [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def metrics(model_dir: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """(train loss by step, eval loss by step) from metrics.jsonl."""
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    return (
+        {r["step"]: r["loss"] for r in rows if "loss" in r},
+        {r["step"]: r["eval_loss"] for r in rows if "eval_loss" in r},
+    )

@@ -1,0 +1,115 @@
+"""The appliance end to end: real processes, real gRPC over loopback, real files, via `weightstream run`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from tests.integration.appliance import metrics, run, write_params
+from weightstream.params import load_params
+from weightstream.reference import ReferenceTrainer
+
+# float32 rounding: the tree sums gradients in another order than the reference, and the global norm
+# is summed per shard; after 8 AdamW steps the losses agree to about 1e-6 relative.
+LOSS_RTOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float], float]:
+    params = load_params(write_params(tmp_path_factory.mktemp("ref")))
+    trainer = ReferenceTrainer(params, num_shards=1)
+    losses = {}
+    for _ in range(params.runconfig.max_steps):
+        r = trainer.train_step()
+        losses[r.step] = r.loss
+    return losses, trainer.evaluate()
+
+
+@pytest.mark.parametrize("num_csx", [1, 2, 4])
+def test_loss_curve_matches_reference_for_every_node_count(tmp_path: Path, num_csx: int, reference) -> None:
+    ref_losses, ref_eval = reference
+    r = run(write_params(tmp_path), tmp_path / "m", "--num_csx", str(num_csx))
+    assert r.returncode == 0, r.stderr
+    losses, evals = metrics(tmp_path / "m")
+    assert sorted(losses) == list(range(1, 9))
+    for step, loss in ref_losses.items():
+        assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}, num_csx={num_csx}")
+    assert_allclose(evals[8], ref_eval, rtol=LOSS_RTOL)
+    assert losses[8] < losses[1]
+    for f in ("params.yaml", "run.log", "checkpoint_8/trainer_state.json", "checkpoint_8/config.json"):
+        assert (tmp_path / "m" / f).is_file(), f
+
+
+def test_same_node_count_gives_bitwise_identical_checkpoints(tmp_path: Path) -> None:
+    params = write_params(tmp_path, max_steps=4)
+    for d in ("a", "b"):
+        assert run(params, tmp_path / d, "--num_csx", "2").returncode == 0
+    files = sorted(p.name for p in (tmp_path / "a" / "checkpoint_4").iterdir())
+    assert "model-00001-of-00002.safetensors" in files and "optimizer.safetensors.index.json" in files
+    for f in files:
+        if f.endswith(".safetensors"):
+            a, b = (tmp_path / d / "checkpoint_4" / f for d in ("a", "b"))
+            assert a.read_bytes() == b.read_bytes(), f
+
+
+def test_checkpoint_from_two_nodes_resumes_on_one_and_four(tmp_path: Path) -> None:
+    params = write_params(tmp_path, checkpoint_steps=4)
+    straight = tmp_path / "straight"
+    assert run(params, straight, "--num_csx", "2").returncode == 0
+    full, _ = metrics(straight)
+    for n in ("1", "4"):
+        resumed = tmp_path / f"resumed{n}"
+        resumed.mkdir()
+        shutil.copytree(straight / "checkpoint_4", resumed / "checkpoint_4")
+        r = run(params, resumed, "--num_csx", n)
+        assert r.returncode == 0, r.stderr
+        assert "resuming from" in r.stdout
+        after, _ = metrics(resumed)
+        assert sorted(after) == [5, 6, 7, 8], "a resumed run continues after the checkpoint's step"
+        for step in after:
+            assert_allclose(after[step], full[step], rtol=LOSS_RTOL, err_msg=f"step {step} resumed on {n}")
+
+
+def test_run_is_idempotent_once_done(tmp_path: Path) -> None:
+    params = write_params(tmp_path, max_steps=2)
+    assert run(params, tmp_path / "m").returncode == 0
+    r = run(params, tmp_path / "m")
+    assert r.returncode == 0 and "nothing to do" in r.stdout
+
+
+def test_checkpoint_loads_into_transformers_with_the_same_loss(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch", reason="pip install -e .[test]")
+    transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
+    params_path = write_params(tmp_path, max_steps=3, num_wgt_servers=2)
+    assert run(params_path, tmp_path / "m", "--num_csx", "2").returncode == 0
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "m" / "checkpoint_3").eval()
+    # weightstream's own eval of the same weights on the same batches
+    params = load_params(params_path)
+    trainer = ReferenceTrainer(params)
+    for _ in range(3):
+        trainer.train_step()
+    _, evals = metrics(tmp_path / "m")
+    assert_allclose(trainer.evaluate(), evals[3], rtol=LOSS_RTOL)
+    hf_losses = []
+    for b in range(params.runconfig.eval_steps):
+        x, y = trainer.eval_data.global_batch(b)
+        with torch.no_grad():
+            logits = model(torch.as_tensor(x)).logits
+        hf_losses.append(
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)
+            ).item()
+        )
+    assert_allclose(np.mean(hf_losses), evals[3], rtol=1e-5)
+
+
+def test_bad_params_never_start_a_process(tmp_path: Path) -> None:
+    params = write_params(tmp_path, num_csx=3)  # batch_size 8 is not divisible by 3
+    r = run(params, tmp_path / "m")
+    assert r.returncode == 2
+    assert "train_input.batch_size: must be divisible by runconfig.num_csx=3" in r.stderr
+    assert not (tmp_path / "m").exists()
