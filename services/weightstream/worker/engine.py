@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_f
 __all__ = ["BatchSource", "StepOutcome", "UnitSource", "WorkerEngine"]
 
 FORWARD, BACKWARD, EVAL = 0, 1, 2
+# Gradients of at most this many units are on their way up while backward goes on: one is enough to
+# overlap the reduction of unit l with the backward of unit l-1, and keeps the worker's memory flat.
+_PUSHES_IN_FLIGHT = 1
 Tensors = dict[str, np.ndarray]
 
 
@@ -118,7 +122,7 @@ class WorkerEngine:
         loss, ce = cross_entropy_forward(x, y, denom)
         dy: np.ndarray | None = cross_entropy_backward(ce, x.shape)
         del x, ce
-        pushes: list[Future[None]] = []
+        pushes: deque[Future[None]] = deque()
         recomputed = 0
         for u, params in self._stream(step, list(reversed(range(n_units))), BACKWARD, wait):
             unit = self.model.units[u]
@@ -129,7 +133,12 @@ class WorkerEngine:
             assert dy is not None
             dy, grads = unit.backward(params, s, dy)
             saved[u] = inputs[u] = None  # type: ignore[call-overload]
+            if len(pushes) >= _PUSHES_IN_FLIGHT:  # back-pressure: gradients must not pile up in memory
+                t0 = time.perf_counter()
+                pushes.popleft().result()
+                wait[0] += time.perf_counter() - t0
             pushes.append(self._push.submit(self.units.push_grads, step, u, grads))
+            del grads
         t0 = time.perf_counter()
         for f in pushes:
             f.result()
