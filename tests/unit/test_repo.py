@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     command = 'pip install -e ".[test]" && python -m pytest'
     assert command in readme, "the README's test command changed: update .ci/run and this test"
     assert any(line.strip() == command for line in ci.splitlines()), ".ci/run must run the README's command"
+
+
+def test_generated_protobuf_code_is_up_to_date() -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is a test dependency: pip install -e .[test]")
+    r = subprocess.run([sys.executable, "scripts/gen_protos.py", "--check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr

@@ -105,7 +105,9 @@ def read_frames(frames: Iterable[pb.TensorFrame]) -> tuple[pb.StreamHead | None,
     first = next(it, None)
     if first is None:
         raise ProtocolError("empty tensor stream")
-    buf = np.empty(first.total_bytes, dtype=np.uint8)
+    raw = np.empty(first.total_bytes + _ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    buf = raw[start : start + first.total_bytes]  # cache-line aligned, so every tensor's view is too
     filled = 0
     for frame in _with_first(first, it):
         n = len(frame.data)

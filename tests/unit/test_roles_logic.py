@@ -1,0 +1,142 @@
+"""The roles' logic without gRPC: plan shapes, SwarmX broadcast and exact ordered reduction, MemoryX's
+step protocol."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+
+from tests.integration.appliance import TINY
+from weightstream.memoryx.shard import MemoryXShard, StaleStepError
+from weightstream.params import load_params, model_def, optimizer_config
+from weightstream.plan import make_plan
+from weightstream.swarmx.node import SwarmNodeLogic, sum_in_order
+
+
+@pytest.mark.parametrize(
+    "n,fanout,depth", [(1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 4, 2), (17, 4, 3), (16, 2, 4)]
+)
+def test_tree_shape(n: int, fanout: int, depth: int) -> None:
+    raw = {k: v for k, v in TINY.items() if k != "eval_input"}
+    raw["train_input"] = {**TINY["train_input"], "batch_size": 8 * n}
+    params = load_params(raw, overrides={"num_csx": n, "swarmx_fanout": fanout})
+    plan = make_plan(params)
+    assert all(len(node.children) <= fanout for node in plan.swarm)
+    assert plan.swarm[plan.root].parent is None
+    # every worker reaches the root in `depth` hops
+    for w in range(n):
+        node, hops = plan.worker_parent[w], 1
+        while plan.swarm[node].parent is not None:
+            node, hops = plan.swarm[node].parent, hops + 1
+        assert hops == depth
+    leaves = [("worker", w) for node in plan.swarm for kind, w in node.children if kind == "worker"]
+    assert sorted(leaves) == [("worker", w) for w in range(n)]
+
+
+def test_units_balanced_over_shards() -> None:
+    p = load_params(
+        {**TINY, "model": {**TINY["model"], "num_hidden_layers": 6}}, overrides={"num_wgt_servers": 3}
+    )
+    plan = make_plan(p)
+    model = model_def(p)
+    load = [0, 0, 0]
+    for u, s in enumerate(plan.unit_shard):
+        load[s] += sum(model.specs[n].numel for n in model.owned_by(u))
+    assert max(load) <= 1.5 * min(load)
+    assert plan.tensor_shard["transformer.wte.weight"] == plan.unit_shard[0]  # owned by the embedding
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.fetches: list[tuple[int, int, int]] = []
+        self.pushed: list[tuple[int, int, dict[str, np.ndarray]]] = []
+        self.gate = threading.Event()
+
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> dict[str, np.ndarray]:
+        self.gate.wait(5)
+        self.fetches.append((step, unit, pass_))
+        return {"w": np.full(3, float(step * 10 + unit), dtype=np.float32)}
+
+    def push_grads(self, step: int, unit: int, grads: dict[str, np.ndarray]) -> None:
+        self.pushed.append((step, unit, grads))
+
+
+def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
+    up = FakeUpstream()
+    node = SwarmNodeLogic(num_children=8, upstream=up, timeout_s=5)
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(node.get_unit, 3, 1, 0) for _ in range(8)]
+        up.gate.set()
+        results = [f.result() for f in futures]
+    assert up.fetches == [(3, 1, 0)]
+    assert all(np.array_equal(r["w"], results[0]["w"]) for r in results)
+    node.get_unit(3, 1, 1)  # the backward pass is another broadcast
+    assert up.fetches == [(3, 1, 0), (3, 1, 1)]
+
+
+@pytest.mark.parametrize("children", [1, 2, 3, 7, 16])
+def test_reduce_is_exact_and_independent_of_arrival_order(children: int, rng) -> None:
+    grads = [{"a": rng.standard_normal(50).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3)),
+              "b": rng.standard_normal((4, 4)).astype(np.float32)} for _ in range(children)]  # fmt: skip
+    expected = sum_in_order(grads)
+    for order in (range(children), reversed(range(children)), rng.permutation(children)):
+        up = FakeUpstream()
+        node = SwarmNodeLogic(children, up, timeout_s=5)
+        for c in order:
+            node.push_grads(0, 2, int(c), grads[c])
+        [(step, unit, out)] = up.pushed
+        assert (step, unit) == (0, 2)
+        for k in expected:
+            assert_array_equal(out[k], expected[k])  # bitwise: child order, not arrival order
+    exact = np.sum([g["a"].astype(np.float64) for g in grads], axis=0)
+    np.testing.assert_allclose(expected["a"], exact, rtol=1e-5, atol=1e-4)
+
+
+def test_reduce_rejects_duplicates_and_bad_children() -> None:
+    node = SwarmNodeLogic(2, FakeUpstream(), timeout_s=5)
+    node.push_grads(0, 0, 0, {"w": np.zeros(1, dtype=np.float32)})
+    with pytest.raises(ValueError, match="twice"):
+        node.push_grads(0, 0, 0, {"w": np.zeros(1, dtype=np.float32)})
+    with pytest.raises(ValueError, match="out of range"):
+        node.push_grads(0, 0, 2, {"w": np.zeros(1, dtype=np.float32)})
+
+
+def _shard(tmp_path: Path | None = None) -> tuple[MemoryXShard, object]:
+    p = load_params(TINY)
+    model = model_def(p)
+    return MemoryXShard(model, optimizer_config(p.optimizer), list(model.specs), seed=7, timeout_s=2), model
+
+
+def test_memoryx_step_protocol(rng) -> None:
+    shard, model = _shard()
+    before = {n: w.copy() for n, w in shard.tensors(0, list(model.specs))}
+    for u, unit in enumerate(model.units):
+        shard.add_gradient(0, u, {n: rng.standard_normal(model.specs[n].shape).astype(np.float32)
+                                  for n in unit.param_names})  # fmt: skip
+    sq = shard.grad_sq_sum(0)
+    assert sq > 0 and shard.grad_sq_sum(0) == sq  # repeatable
+    assert shard.apply_update(0, lr=1e-3, clip_coef=0.5) is True
+    assert shard.apply_update(0, lr=1e-3, clip_coef=0.5) is False  # applied exactly once
+    after = dict(shard.tensors(1, ["transformer.wte.weight"]))
+    assert not np.array_equal(after["transformer.wte.weight"], before["transformer.wte.weight"])
+    with pytest.raises(StaleStepError):
+        shard.tensors(0, ["transformer.wte.weight"])
+    with pytest.raises(StaleStepError):
+        shard.add_gradient(0, 0, {})
+
+
+def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(rng) -> None:
+    shard, model = _shard()
+    for u, unit in enumerate(model.units[:-1]):  # the head's gradient (with its share of wte) is missing
+        shard.add_gradient(0, u, {n: np.ones(model.specs[n].shape, np.float32) for n in unit.param_names})
+    with pytest.raises(TimeoutError, match=r"transformer.wte.weight.*\[3\]"):
+        shard.grad_sq_sum(0)
+    with pytest.raises(ValueError, match="does not use"):
+        shard.add_gradient(0, 1, {"transformer.wte.weight": np.ones((64, 32), np.float32)})
+    with pytest.raises(ValueError, match="shape"):
+        shard.add_gradient(0, 3, {"transformer.ln_f.weight": np.ones(5, np.float32)})

@@ -1,0 +1,81 @@
+"""Tensor frames: exact round trips at every size around the chunk boundary, checksums, bfloat16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.transport import tensors as T
+from weightstream.transport.errors import ChecksumError, ProtocolError
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(T, "CHUNK_BYTES", 256)  # many frames from small tensors
+    return 256
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [63], [64], [65], [255, 1], [256], [257, 3, 1000], [5] * 40])
+def test_round_trip_is_exact_across_chunk_boundaries(sizes: list[int], small_chunks: int, rng) -> None:
+    tensors = [(f"t{i}", rng.standard_normal(n).astype(np.float32)) for i, n in enumerate(sizes)]
+    tensors.append(("ids", rng.integers(0, 50000, (3, 7))))
+    frames = list(T.tensor_frames(tensors, pb.StreamHead(step=4, unit=2, phase=1, sender=3)))
+    total = sum(len(f.data) for f in frames)
+    assert total == frames[0].total_bytes and all(len(f.data) <= small_chunks for f in frames)
+    head, out = T.read_frames(iter(frames))
+    assert head is not None and (head.step, head.unit, head.phase, head.sender) == (4, 2, 1, 3)
+    assert list(out) == [n for n, _ in tensors]  # order kept
+    for name, arr in tensors:
+        assert out[name].dtype == arr.dtype and out[name].shape == arr.shape
+        assert_array_equal(out[name], arr)
+        assert arr.size == 0 or out[name].ctypes.data % 64 == 0  # aligned views into one buffer
+
+
+def test_small_tensors_share_one_message(rng) -> None:
+    tensors = [(f"b{i}", rng.standard_normal(100).astype(np.float32)) for i in range(12)]
+    assert len(list(T.tensor_frames(tensors))) == 1
+
+
+def test_corruption_is_detected(rng) -> None:
+    frames = list(T.tensor_frames([("w", rng.standard_normal(1000).astype(np.float32))]))
+    data = bytearray(frames[0].data)
+    data[17] ^= 0x01
+    frames[0] = pb.TensorFrame(tensors=frames[0].tensors, total_bytes=frames[0].total_bytes, data=bytes(data))
+    with pytest.raises(ChecksumError, match="'w'"):
+        T.read_frames(frames)
+
+
+def test_truncated_and_malformed_streams_are_rejected(small_chunks: int, rng) -> None:
+    frames = list(T.tensor_frames([("w", rng.standard_normal(500).astype(np.float32))]))
+    with pytest.raises(ProtocolError, match="ended after"):
+        T.read_frames(frames[:-1])
+    with pytest.raises(ProtocolError, match="empty"):
+        T.read_frames([])
+    bad = [*frames[:1], pb.TensorFrame(head=pb.StreamHead(step=1)), *frames[1:]]
+    with pytest.raises(ProtocolError, match="first frame"):
+        T.read_frames(bad)
+    with pytest.raises(ProtocolError, match="cannot be sent"):
+        list(T.tensor_frames([("c", np.zeros(3, dtype=np.complex64))]))
+
+
+def test_bfloat16_on_the_wire(rng) -> None:
+    x = rng.standard_normal(4099).astype(np.float32) * 10
+    x[:4] = [0.0, -0.0, np.inf, np.nan]
+    frames = list(T.tensor_frames([("w", x), ("ids", np.arange(5))], bf16=True))
+    assert frames[0].tensors[0].dtype == "bfloat16" and frames[0].tensors[1].dtype == "int64"
+    _, out = T.read_frames(frames)
+    y = out["w"]
+    assert y.dtype == np.float32 and np.isnan(y[3]) and y[2] == np.inf
+    finite = np.isfinite(x)
+    assert np.all(np.abs(y[finite] - x[finite]) <= np.abs(x[finite]) * 2**-8)  # 8 significant bits
+    assert_array_equal(T.bf16_to_f32(T.f32_to_bf16(y)), y)  # bf16 values survive another hop exactly
+    assert_array_equal(out["ids"], np.arange(5))
+
+
+def test_bfloat16_rounds_to_nearest_even() -> None:
+    one_plus_half_ulp = np.array([1.0 + 2**-8], dtype=np.float32)  # exactly between two bf16 values
+    assert T.bf16_to_f32(T.f32_to_bf16(one_plus_half_ulp))[0] == 1.0  # ties go to the even mantissa
+    above = np.array([1.0 + 2**-8 + 2**-20], dtype=np.float32)
+    assert T.bf16_to_f32(T.f32_to_bf16(above))[0] == 1.0 + 2**-7
