@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from numpy.testing import assert_allclose
 
 from tests.integration.appliance import metrics, run, write_params
@@ -113,3 +114,62 @@ def test_bad_params_never_start_a_process(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "train_input.batch_size: must be divisible by runconfig.num_csx=3" in r.stderr
     assert not (tmp_path / "m").exists()
+
+
+def _checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted((model_dir / f"checkpoint_{step}").glob("*.safetensors"))}
+
+
+@pytest.mark.parametrize("mode", [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}],
+                         ids=["pipelined", "disk-backed-memoryx"])  # fmt: skip
+def test_modes_that_must_not_change_a_single_bit(tmp_path: Path, mode: dict[str, str]) -> None:
+    base = tmp_path / "base"
+    assert run(write_params(tmp_path, max_steps=4), base, "--num_csx", "2").returncode == 0
+    other = tmp_path / "other"
+    r = run(write_params(tmp_path, max_steps=4, **mode), other, "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    assert metrics(other)[0] == metrics(base)[0]
+    assert _checkpoint_bytes(other, 4) == _checkpoint_bytes(base, 4)
+    assert not (other / ".memoryx").exists() or not any(
+        (other / ".memoryx").rglob("*.f32")
+    )  # scratch removed
+
+
+def test_micro_batches_accumulate_to_the_same_step(tmp_path: Path, reference) -> None:
+    ref_losses, _ = reference
+    p = write_params(tmp_path)
+    raw = yaml.safe_load(p.read_text())
+    raw["train_input"]["micro_batch_size"] = 1  # shards of 4 samples run as 4 micro-batches
+    p.write_text(yaml.safe_dump(raw))
+    r = run(p, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, _ = metrics(tmp_path / "m")
+    for step, loss in ref_losses.items():
+        assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
+
+
+def test_memory_budget_picks_micro_batches_or_says_why_not(tmp_path: Path) -> None:
+    r = run(write_params(tmp_path, max_steps=2, worker_memory_mb=1), tmp_path / "ok")
+    assert r.returncode == 0, r.stderr  # a tiny model fits 1 MiB with small enough micro-batches
+    p = write_params(tmp_path, max_steps=2, worker_memory_mb=1)
+    raw = yaml.safe_load(p.read_text())
+    raw["model"].update(hidden_size=512, num_heads=4, filter_size=2048)  # two blocks' weights alone: 24 MiB
+    p.write_text(yaml.safe_dump(raw))
+    r = run(p, tmp_path / "too_small")
+    assert r.returncode == 1
+    assert "worker_memory_mb=1 cannot hold a shard" in r.stderr and "worker-0" in r.stderr
+
+
+def test_bfloat16_on_the_wire_trains_close_to_float32(tmp_path: Path, reference) -> None:
+    ref_losses, _ = reference
+    p = write_params(tmp_path)
+    raw = yaml.safe_load(p.read_text())
+    raw["model"]["fp16_type"] = "bfloat16"
+    p.write_text(yaml.safe_dump(raw))
+    r = run(p, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, _ = metrics(tmp_path / "m")
+    assert losses != ref_losses  # bf16 really travelled
+    for step, loss in ref_losses.items():
+        assert_allclose(losses[step], loss, rtol=2e-2, err_msg=f"step {step}")
+    assert losses[8] < losses[1]

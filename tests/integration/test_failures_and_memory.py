@@ -24,15 +24,21 @@ def _alive(pid: int) -> bool:
 
 
 def _role_pids(model_dir: Path) -> dict[str, int]:
-    return {f.name.removesuffix(".ready.json"): json.loads(f.read_text())["pid"]
-            for f in (model_dir / "logs").glob("*.ready.json")}  # fmt: skip
+    return {
+        f.name.removesuffix(".ready.json"): json.loads(f.read_text())["pid"]
+        for f in (model_dir / "logs").glob("*.ready.json")
+    }
 
 
 def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     params = write_params(tmp_path, max_steps=100000, num_csx=2, log_steps=1)
     model_dir = tmp_path / "m"
-    proc = subprocess.Popen([*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # wait until it is really training
         f = model_dir / "metrics.jsonl"
@@ -95,7 +101,7 @@ def test_worker_memory_does_not_grow_with_depth(tmp_path: Path) -> None:
         p.pop("eval_input")
         p["model"].update(hidden_size=256, num_heads=4, filter_size=1024, num_hidden_layers=layers)
         p["train_input"].update(batch_size=2)
-        p["runconfig"].update(max_steps=4, worker_memory_mb=1, num_wgt_servers=2)  # 4: past allocator warm-up
+        p["runconfig"].update(max_steps=4, worker_memory_mb=8, num_wgt_servers=2)  # 4: past allocator warm-up
         path = tmp_path / f"p{layers}.yaml"
         path.write_text(yaml.safe_dump(p))
         r = run(path, tmp_path / f"m{layers}")

@@ -31,6 +31,12 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_generated_protobuf_code_is_up_to_date() -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools is a test dependency: pip install -e .[test]")
-    r = subprocess.run([sys.executable, "scripts/gen_protos.py", "--check"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "scripts/gen_protos.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr

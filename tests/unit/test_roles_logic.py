@@ -81,8 +81,13 @@ def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
 
 @pytest.mark.parametrize("children", [1, 2, 3, 7, 16])
 def test_reduce_is_exact_and_independent_of_arrival_order(children: int, rng) -> None:
-    grads = [{"a": rng.standard_normal(50).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3)),
-              "b": rng.standard_normal((4, 4)).astype(np.float32)} for _ in range(children)]  # fmt: skip
+    grads = [
+        {
+            "a": rng.standard_normal(50).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3)),
+            "b": rng.standard_normal((4, 4)).astype(np.float32),
+        }
+        for _ in range(children)
+    ]
     expected = sum_in_order(grads)
     for order in (range(children), reversed(range(children)), rng.permutation(children)):
         up = FakeUpstream()
@@ -116,8 +121,9 @@ def test_memoryx_step_protocol(rng) -> None:
     shard, model = _shard()
     before = {n: w.copy() for n, w in shard.tensors(0, list(model.specs))}
     for u, unit in enumerate(model.units):
-        shard.add_gradient(0, u, {n: rng.standard_normal(model.specs[n].shape).astype(np.float32)
-                                  for n in unit.param_names})  # fmt: skip
+        shard.add_gradient(
+            0, u, {n: rng.standard_normal(model.specs[n].shape).astype(np.float32) for n in unit.param_names}
+        )
     sq = shard.grad_sq_sum(0)
     assert sq > 0 and shard.grad_sq_sum(0) == sq  # repeatable
     assert shard.apply_update(0, lr=1e-3, clip_coef=0.5) is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from weightstream.transport.rpc import abort_on_error
 from weightstream.transport.tensors import read_frames, tensor_frames
 
 __all__ = ["MemoryXServicer", "add_servicer", "build"]
+
+log = logging.getLogger("weightstream.memoryx")
 
 
 def build(job: JobSpec) -> MemoryXShard:

@@ -10,13 +10,16 @@ Step protocol (the coordinator drives it, each call with a deadline):
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from weightstream.memoryx.storage import load_tensors
-from weightstream.numerics import ModelDef, OptimizerConfig, init_params
+from weightstream.numerics import ModelDef, OptimizerConfig
+from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import grad_sq_sum, init_state, optimizer_step, state_names
 
 __all__ = ["MemoryXShard", "StaleStepError"]
@@ -35,21 +38,53 @@ class MemoryXShard:
         seed: int,
         timeout_s: float,
         resume_dir: str | None = None,
+        storage_dir: Path | None = None,
     ) -> None:
+        """``storage_dir``: keep weights and optimizer state in memory-mapped files there instead of RAM,
+        so a shard can hold more than the machine's memory (the page cache keeps the hot part)."""
         self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
+        self.storage_dir = storage_dir
+        if storage_dir is not None:
+            storage_dir.mkdir(parents=True, exist_ok=True)
         # which units contribute a gradient to each tensor (two for a tied embedding)
         self.users = {
             n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names
         }
         self.step = 0
         if resume_dir is None:
-            self.weights = init_params(model, seed, self.names)
-            self.state = {n: init_state(opt.kind, model.specs[n].shape) for n in self.names}
+            self.weights = {
+                n: self._place(f"{n}.weight", init_tensor(model.specs[n], seed)) for n in self.names
+            }
+            self.state = {
+                n: {
+                    k: self._place(f"{n}.{k}", v)
+                    for k, v in init_state(opt.kind, model.specs[n].shape).items()
+                }
+                for n in self.names
+            }
         else:
-            self.weights, self.state, self.step = self._load(resume_dir)
+            weights, state, self.step = self._load(resume_dir)
+            self.weights = {n: self._place(f"{n}.weight", w) for n, w in weights.items()}
+            self.state = {
+                n: {k: self._place(f"{n}.{k}", v) for k, v in st.items()} for n, st in state.items()
+            }
         self._pending: dict[str, dict[int, np.ndarray]] = {n: {} for n in self.names}
         self._grads: dict[str, np.ndarray] | None = None  # summed, once complete
         self._cond = threading.Condition()
+
+    def _place(self, key: str, value: np.ndarray) -> np.ndarray:
+        """``value`` itself in memory mode; a memory-mapped file holding a copy of it in disk mode."""
+        if self.storage_dir is None:
+            return value
+        mm = np.memmap(self.storage_dir / f"{key}.f32", dtype=np.float32, mode="w+", shape=value.shape)
+        mm[...] = value
+        return mm
+
+    def close(self) -> None:
+        """Disk mode: the files are scratch (checkpoints are the durable copy); remove them."""
+        if self.storage_dir is not None:
+            self.weights, self.state = {}, {}
+            shutil.rmtree(self.storage_dir, ignore_errors=True)
 
     # -- streaming out -------------------------------------------------------------------------------------
     def tensors(self, step: int, names: Sequence[str]) -> list[tuple[str, np.ndarray]]:

@@ -211,6 +211,28 @@ def cross_check(p: Params) -> list[Problem]:
         if inp.data_processor in ("TextFileDataProcessor", "TokenFileDataProcessor") and not inp.data_dir:
             problems.append(Problem(f"{sec}.data_dir", f"is required by {inp.data_processor}"))
         problems += _check_input_vs_model(sec, inp, m)
+        shard = inp.batch_size // rc.num_csx
+        if inp.micro_batch_size is not None and shard % inp.micro_batch_size:
+            problems.append(
+                Problem(
+                    f"{sec}.micro_batch_size",
+                    f"must divide the per-worker shard of {shard} samples "
+                    f"(batch_size {inp.batch_size} / num_csx {rc.num_csx})",
+                    inp.micro_batch_size,
+                )
+            )
+    if rc.execution_mode == "pipelined" and rc.worker_memory_mb is not None:
+        model_mb = model_def(p).num_params * 4 / 2**20
+        if model_mb > rc.worker_memory_mb:
+            problems.append(
+                Problem(
+                    "runconfig.execution_mode",
+                    f"pipelined keeps the whole model ({model_mb:.1f} MiB) "
+                    f"on each worker, more than worker_memory_mb={rc.worker_memory_mb}; use "
+                    "weight_streaming or auto",
+                    "pipelined",
+                )
+            )
     if rc.eval_frequency and p.eval_input is None:
         problems.append(Problem("runconfig.eval_frequency", "needs an eval_input section", rc.eval_frequency))
     n_units = (m.num_hidden_layers + 2) if isinstance(m, GPT2ModelParams) else (m.depth + 1)

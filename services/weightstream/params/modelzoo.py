@@ -20,7 +20,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "vocab_file": "TextFileDataProcessor uses byte-level tokens; TokenFileDataProcessor reads token ids",
         "mixed_precision": "use model.fp16_type",
         "repeat": "the data repeats as many times as max_steps needs",
-        "micro_batch_size": "micro-batching is not implemented yet",
     },
     "model": {
         "mixed_precision": "use model.fp16_type: bfloat16",

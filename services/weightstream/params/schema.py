@@ -58,6 +58,9 @@ class InputParams(_Section):
     max_sequence_length: PositiveInt | None = None
     shuffle: bool = True
     shuffle_seed: int = 0
+    # samples per micro-batch on a worker (gradients accumulate over a shard's micro-batches);
+    # None: the whole shard, or the largest that fits runconfig.worker_memory_mb when that is set
+    micro_batch_size: PositiveInt | None = None
 
 
 class GPT2ModelParams(_Section):
@@ -159,7 +162,12 @@ class RunConfig(_Section):
     swarmx_fanout: Annotated[int, Field(ge=2)] = (
         4  # children per SwarmX node; the tree's depth is log_fanout(N)
     )
-    worker_memory_mb: PositiveInt | None = None  # a worker's activation budget; None: unlimited
+    worker_memory_mb: PositiveInt | None = None  # a worker's memory budget for weights and activations
+    # weight_streaming: each unit streams in for forward and again for backward; pipelined: the weights
+    # stay on the worker through the step (one transfer per unit per step); auto: pipelined when the
+    # model fits worker_memory_mb
+    execution_mode: Literal["weight_streaming", "pipelined", "auto"] = "weight_streaming"
+    memoryx_storage: Literal["memory", "disk"] = "memory"  # disk: memory-mapped files under model_dir
     rpc_timeout_s: PositiveFloat = 120.0  # deadline of every call and every wait between roles
 
 

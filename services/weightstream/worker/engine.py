@@ -21,6 +21,7 @@ import numpy as np
 
 from weightstream.numerics import ModelDef
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
+from weightstream.numerics.model import accumulate_grads
 
 __all__ = ["BatchSource", "StepOutcome", "UnitSource", "WorkerEngine"]
 
@@ -73,9 +74,15 @@ class WorkerEngine:
         units: UnitSource,
         batches: BatchSource,
         memory_budget_bytes: int | None = None,
+        micro_batch: int | None = None,
+        pipelined: bool = False,
     ) -> None:
         self.model, self.index, self.num_workers = model, index, num_workers
         self.units, self.batches, self.budget = units, batches, memory_budget_bytes
+        self.micro_batch, self.pipelined = micro_batch, pipelined
+        unit_bytes = [model.unit_bytes(u) for u in range(len(model.units))]
+        # weights count against the budget first: two units while streaming, all of them when pipelined
+        self.weight_bytes = sum(unit_bytes) if pipelined else 2 * max(unit_bytes)
         self._fetch = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-prefetch")
         self._push = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-push")
 
@@ -102,49 +109,81 @@ class WorkerEngine:
             del params  # at most this unit and the prefetched next one are alive
 
     def run_step(self, step: int) -> StepOutcome:
+        """Forward and backward of this worker's shard of step ``step``.
+
+        The shard runs as micro-batches: each unit, while its weights are here, runs over every
+        micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
         t_start = time.perf_counter()
         wait = [0.0]
         x, y = self.batches.get("train", step, self.index, self.num_workers)
         denom = y.size * self.num_workers  # target tokens of the global batch (shards are equal)
+        m = self.micro_batch or len(x)
+        xs = [x[i : i + m] for i in range(0, len(x), m)]  # micro-batches: [m, ...] each
+        ys = [y[i : i + m] for i in range(0, len(y), m)]
         n_units = len(self.model.units)
-        inputs: list[np.ndarray] = []
-        saved: list[Any] = []
-        kept = 0
+        inputs: list[list[np.ndarray]] = []
+        saved: list[list[Any]] = []
+        resident: dict[int, Tensors] = {}
+        kept = self.weight_bytes
         for u, params in self._stream(step, list(range(n_units)), FORWARD, wait):
-            inputs.append(x)
-            x, s = self.model.units[u].forward(params, x)
-            size = nbytes(s)
-            if self.budget is None or kept + size <= self.budget:
-                saved.append(s)
-                kept += size
-            else:
-                saved.append(None)  # recompute in backward from inputs[u]
-        loss, ce = cross_entropy_forward(x, y, denom)
-        dy: np.ndarray | None = cross_entropy_backward(ce, x.shape)
-        del x, ce
+            if self.pipelined:  # keep the weights for backward: one transfer per unit per step
+                resident[u] = params
+            inputs.append(xs)
+            kept += nbytes(xs)
+            saved.append([])
+            outs = []
+            for xk in xs:
+                out, s = self.model.units[u].forward(params, xk)
+                size = nbytes(s)
+                keep = self.budget is None or kept + size <= self.budget
+                saved[u].append(s if keep else None)  # None: recompute in backward from the input
+                kept += size if keep else 0
+                outs.append(out)
+            xs = outs
+        loss = 0.0
+        dys: list[np.ndarray | None] = []
+        for xk, yk in zip(xs, ys, strict=True):
+            part, ce = cross_entropy_forward(xk, yk, denom)
+            loss += part
+            dys.append(cross_entropy_backward(ce, xk.shape))
+        del xs, ce
         pushes: deque[Future[None]] = deque()
         recomputed = 0
-        for u, params in self._stream(step, list(reversed(range(n_units))), BACKWARD, wait):
+        order = list(reversed(range(n_units)))
+        units = (
+            ((u, resident.pop(u)) for u in order)
+            if self.pipelined
+            else self._stream(step, order, BACKWARD, wait)
+        )
+        for u, params in units:
             unit = self.model.units[u]
-            s = saved[u]
-            if s is None:
-                _, s = unit.forward(params, inputs[u])
-                recomputed += 1
-            assert dy is not None
-            dy, grads = unit.backward(params, s, dy)
-            saved[u] = inputs[u] = None  # type: ignore[call-overload]
+            total: Tensors = {}
+            for k in range(len(dys)):
+                s = saved[u][k]
+                if s is None:
+                    _, s = unit.forward(params, inputs[u][k])
+                    recomputed += 1
+                dy = dys[k]
+                assert dy is not None
+                dys[k], grads = unit.backward(params, s, dy)
+                saved[u][k] = None
+                if total:
+                    accumulate_grads(total, grads)
+                else:
+                    total = grads
+            inputs[u] = []
             if len(pushes) >= _PUSHES_IN_FLIGHT:  # back-pressure: gradients must not pile up in memory
                 t0 = time.perf_counter()
                 pushes.popleft().result()
                 wait[0] += time.perf_counter() - t0
-            pushes.append(self._push.submit(self.units.push_grads, step, u, grads))
-            del grads
+            pushes.append(self._push.submit(self.units.push_grads, step, u, total))
+            del total, grads
         t0 = time.perf_counter()
         for f in pushes:
             f.result()
         wait[0] += time.perf_counter() - t0
-        total = time.perf_counter() - t_start
-        return StepOutcome(loss, int(y.size), total - wait[0], wait[0], peak_rss_bytes(), recomputed)
+        elapsed = time.perf_counter() - t_start
+        return StepOutcome(loss, int(y.size), elapsed - wait[0], wait[0], peak_rss_bytes(), recomputed)
 
     def evaluate(self, step: int, num_batches: int) -> float:
         """Sum over ``num_batches`` eval batches of this worker's share of each batch's mean loss.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import grpc
+import numpy as np
 
-from weightstream.params import load_params, model_def
+from weightstream.numerics import ModelDef
+from weightstream.params import Params, load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
@@ -12,8 +14,9 @@ from weightstream.role import RoleHost
 from weightstream.transport.rpc import abort_on_error, call, open_channel, stream
 from weightstream.transport.tensors import read_frames, tensor_frames
 from weightstream.worker.engine import Tensors, WorkerEngine
+from weightstream.worker.memory import choose_micro_batch, profile
 
-__all__ = ["ActivationClient", "SwarmParent", "WorkerServicer", "add_servicer", "build"]
+__all__ = ["ActivationClient", "SwarmParent", "WorkerServicer", "add_servicer", "build", "plan_memory"]
 
 
 class SwarmParent:
@@ -66,8 +69,29 @@ def build(job: JobSpec) -> WorkerEngine:
         params.model.fp16_type == "bfloat16",
     )
     batches = ActivationClient(job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s)
+    model = model_def(params)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
-    return WorkerEngine(model_def(params), job.index, plan.num_csx, units, batches, budget)
+    micro, pipelined = plan_memory(params, model, plan.num_csx, budget)
+    return WorkerEngine(model, job.index, plan.num_csx, units, batches, budget, micro, pipelined)
+
+
+def plan_memory(
+    params: Params, model: ModelDef, num_workers: int, budget: int | None
+) -> tuple[int | None, bool]:
+    """(micro-batch size, pipelined?) for this job's workers, from the params and the memory budget."""
+    rc, inp = params.runconfig, params.train_input
+    shard = inp.batch_size // num_workers
+    model_bytes = model.num_params * 4
+    pipelined = rc.execution_mode == "pipelined" or (
+        rc.execution_mode == "auto" and budget is not None and model_bytes < budget // 2
+    )
+    if inp.micro_batch_size is not None or budget is None:
+        return inp.micro_batch_size, pipelined
+    sample = np.zeros((1, inp.max_sequence_length), np.int64) if inp.max_sequence_length else None
+    if sample is None:
+        sample = np.zeros((1, model.specs[model.units[0].param_names[0]].shape[0]), np.float32)
+    prof = profile(model, sample)
+    return choose_micro_batch(prof, shard, budget - (model_bytes if pipelined else 0)), pipelined
 
 
 class WorkerServicer(rpc.WorkerServicer):
