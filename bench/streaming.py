@@ -1,0 +1,213 @@
+"""Weight-streaming overhead and bandwidth, each against a baseline measured in the same run.
+
+Prints one JSON line:
+- step time of the in-process numpy reference vs `weightstream run --num_csx 1` on the same params
+  (the streaming overhead ratio; target <= 1.10), and tokens/s at num_csx 1 and 2;
+- bandwidth of a unit broadcast through MemoryX -> SwarmX -> client and of MemoryX alone, vs a raw
+  gRPC server stream of 4 MiB messages over loopback.
+
+    python bench/streaming.py [--hidden 512 --layers 4 --seq 256 --batch 8 --steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import yaml
+
+from weightstream.coordinator.backend import LocalProcessBackend, RoleSpec
+from weightstream.params import load_params, model_def
+from weightstream.plan import JobSpec, make_plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.reference import ReferenceTrainer
+from weightstream.transport.rpc import OPTIONS, open_channel
+from weightstream.transport.tensors import read_frames
+
+
+def params_dict(a: argparse.Namespace, hidden: int, layers: int, steps: int) -> dict[str, Any]:
+    return {
+        "train_input": {
+            "data_processor": "SyntheticDataProcessor",
+            "batch_size": a.batch,
+            "max_sequence_length": a.seq,
+        },
+        "model": {
+            "name": "gpt2",
+            "vocab_size": a.vocab,
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_heads": hidden // 64,
+            "max_position_embeddings": a.seq,
+        },
+        "optimizer": {"optimizer_type": "adamw", "learning_rate": 1e-4, "max_gradient_norm": 1.0},
+        "runconfig": {"max_steps": steps, "log_steps": 1, "num_wgt_servers": 1, "seed": 1},
+    }
+
+
+def reference_step_s(raw: dict[str, Any], steps: int) -> float:
+    trainer = ReferenceTrainer(load_params(raw), num_shards=1)
+    times = [trainer.train_step().step_time_s for _ in range(steps)]
+    return statistics.median(times[1:])
+
+
+def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> tuple[float, float]:
+    """(median step time after the first step, tokens per second) of `weightstream run`."""
+    path = workdir / f"params{num_csx}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    model_dir = workdir / f"run{num_csx}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "weightstream.cli",
+        "run",
+        str(path),
+        "--num_csx",
+        str(num_csx),
+        "--model_dir",
+        str(model_dir),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=1200)
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    times = [r["step_time_s"] for r in rows if "step_time_s" in r][1:]
+    tokens = raw["train_input"]["batch_size"] * raw["train_input"]["max_sequence_length"]
+    return statistics.median(times), tokens / statistics.median(times)
+
+
+# -- raw gRPC baseline: a server streams prebuilt 4 MiB messages, a client copies them into a buffer
+def _raw_server(port_q: Any, total: int) -> None:
+    chunk = bytes(4 << 20)
+
+    def stream(request: bytes, context: grpc.ServicerContext) -> Any:
+        for _ in range(total // len(chunk)):
+            yield chunk
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Raw", {"Stream": grpc.unary_stream_rpc_method_handler(stream, lambda b: b, lambda b: b)}
+    )
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port_q.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    server.wait_for_termination()
+
+
+def raw_grpc_gbps(total: int, repeats: int) -> float:
+    q: Any = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=_raw_server, args=(q, total), daemon=True)
+    proc.start()
+    port = q.get(timeout=60)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
+    call = channel.unary_stream(
+        "/bench.Raw/Stream", request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+    buf = np.empty(total, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        off = 0
+        for msg in call(b""):
+            buf[off : off + len(msg)] = np.frombuffer(msg, dtype=np.uint8)
+            off += len(msg)
+        best = min(best, time.perf_counter() - t0)
+    proc.kill()
+    return total / best / 1e9
+
+
+def broadcast_gbps(a: argparse.Namespace, workdir: Path, repeats: int) -> dict[str, float]:
+    """A MemoryX shard and a SwarmX node as real processes; one GPT-2 block fetched through each."""
+    raw = params_dict(a, a.bw_hidden, 1, 1)
+    params = load_params(raw)
+    plan = make_plan(params)
+    backend = LocalProcessBackend(workdir / "bw")
+    backend.start([RoleSpec("memoryx", 0), RoleSpec("swarmx", 0)])
+    try:
+        addrs = backend.wait_ready(60)
+        addrs.update(worker=[], activation=[])
+        for kind in ("memoryx", "swarmx"):
+            job = JobSpec(params.model_dump(mode="json"), plan.to_dict(), addrs, kind, 0)
+            rpc.ControlStub(open_channel(addrs[kind][0])).Configure(
+                pb.ConfigureRequest(job_json=job.to_json())
+            )
+        model = model_def(params)
+        names = list(model.units[1].param_names)
+        nbytes = model.unit_bytes(1)
+        mx = rpc.MemoryXStub(open_channel(addrs["memoryx"][0]))
+        sx = rpc.SwarmXStub(open_channel(addrs["swarmx"][0]))
+        t_mx, t_sx = [], []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            read_frames(mx.GetTensors(pb.TensorRequest(step=0, names=names)))
+            t_mx.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            read_frames(
+                sx.GetUnit(pb.UnitRequest(step=0, unit=1, phase=100 + i))
+            )  # a new phase: a cache miss
+            t_sx.append(time.perf_counter() - t0)
+        return {
+            "unit_bytes": nbytes,
+            "memoryx_gbps": nbytes / min(t_mx[1:]) / 1e9,
+            "memoryx_swarmx_gbps": nbytes / min(t_sx[1:]) / 1e9,
+        }
+    finally:
+        backend.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--bw-hidden", type=int, default=1024, help="hidden size of the block used for bandwidth")
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    raw = params_dict(a, a.hidden, a.layers, a.steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ref = reference_step_s(raw, a.steps)
+        one, tps1 = appliance_step_s(raw, 1, work)
+        _, tps2 = appliance_step_s(raw, 2, work)
+        bw = broadcast_gbps(a, work, a.repeats)
+        raw_gbps = raw_grpc_gbps(bw["unit_bytes"] // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
+    print(
+        json.dumps(
+            {
+                "bench": "streaming",
+                "config": vars(a),
+                "reference_step_s": round(ref, 4),
+                "appliance_step_s_num_csx_1": round(one, 4),
+                "streaming_overhead_ratio": round(one / ref, 3),
+                "tokens_per_second": {
+                    "reference": round(raw["train_input"]["batch_size"] * a.seq / ref),
+                    "num_csx_1": round(tps1),
+                    "num_csx_2": round(tps2),
+                },
+                "bandwidth_gbps": {
+                    "raw_grpc_loopback": round(raw_gbps, 3),
+                    "memoryx": round(bw["memoryx_gbps"], 3),
+                    "memoryx_via_swarmx": round(bw["memoryx_swarmx_gbps"], 3),
+                },
+                "bandwidth_ratio_memoryx_over_raw": round(bw["memoryx_gbps"] / raw_gbps, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
