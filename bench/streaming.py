@@ -32,8 +32,8 @@ from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.reference import ReferenceTrainer
-from weightstream.transport.rpc import OPTIONS, open_channel
-from weightstream.transport.tensors import read_frames
+from weightstream.transport.rpc import OPTIONS, open_channel, tensors_out_client
+from weightstream.transport.tensors import read_messages
 
 
 def params_dict(a: argparse.Namespace, hidden: int, layers: int, steps: int) -> dict[str, Any]:
@@ -145,17 +145,15 @@ def broadcast_gbps(a: argparse.Namespace, workdir: Path, repeats: int) -> dict[s
         model = model_def(params)
         names = list(model.units[1].param_names)
         nbytes = model.unit_bytes(1)
-        mx = rpc.MemoryXStub(open_channel(addrs["memoryx"][0]))
-        sx = rpc.SwarmXStub(open_channel(addrs["swarmx"][0]))
+        mx = tensors_out_client(open_channel(addrs["memoryx"][0]), "MemoryX", "GetTensors", pb.TensorRequest)
+        sx = tensors_out_client(open_channel(addrs["swarmx"][0]), "SwarmX", "GetUnit", pb.UnitRequest)
         t_mx, t_sx = [], []
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            read_frames(mx.GetTensors(pb.TensorRequest(step=0, names=names)))
+            read_messages(mx(pb.TensorRequest(step=0, names=names)))
             t_mx.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            read_frames(
-                sx.GetUnit(pb.UnitRequest(step=0, unit=1, phase=100 + i))
-            )  # a new phase: a cache miss
+            read_messages(sx(pb.UnitRequest(step=0, unit=1, phase=100 + i)))  # a new phase: a cache miss
             t_sx.append(time.perf_counter() - t0)
         return {
             "unit_bytes": nbytes,

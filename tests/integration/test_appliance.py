@@ -120,8 +120,11 @@ def _checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in sorted((model_dir / f"checkpoint_{step}").glob("*.safetensors"))}
 
 
-@pytest.mark.parametrize("mode", [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}],
-                         ids=["pipelined", "disk-backed-memoryx"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode",
+    [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}],
+    ids=["pipelined", "disk-backed-memoryx"],
+)
 def test_modes_that_must_not_change_a_single_bit(tmp_path: Path, mode: dict[str, str]) -> None:
     base = tmp_path / "base"
     assert run(write_params(tmp_path, max_steps=4), base, "--num_csx", "2").returncode == 0

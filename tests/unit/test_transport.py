@@ -21,10 +21,9 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
 def test_round_trip_is_exact_across_chunk_boundaries(sizes: list[int], small_chunks: int, rng) -> None:
     tensors = [(f"t{i}", rng.standard_normal(n).astype(np.float32)) for i, n in enumerate(sizes)]
     tensors.append(("ids", rng.integers(0, 50000, (3, 7))))
-    frames = list(T.tensor_frames(tensors, pb.StreamHead(step=4, unit=2, phase=1, sender=3)))
-    total = sum(len(f.data) for f in frames)
-    assert total == frames[0].total_bytes and all(len(f.data) <= small_chunks for f in frames)
-    head, out = T.read_frames(iter(frames))
+    msgs = list(T.tensor_messages(tensors, pb.StreamHead(step=4, unit=2, phase=1, sender=3)))
+    assert all(len(m) <= small_chunks + 4 + 4096 for m in msgs)
+    head, out = T.read_messages(iter(msgs))
     assert head is not None and (head.step, head.unit, head.phase, head.sender) == (4, 2, 1, 3)
     assert list(out) == [n for n, _ in tensors]  # order kept
     for name, arr in tensors:
@@ -35,37 +34,55 @@ def test_round_trip_is_exact_across_chunk_boundaries(sizes: list[int], small_chu
 
 def test_small_tensors_share_one_message(rng) -> None:
     tensors = [(f"b{i}", rng.standard_normal(100).astype(np.float32)) for i in range(12)]
-    assert len(list(T.tensor_frames(tensors))) == 1
+    assert len(list(T.tensor_messages(tensors))) == 1
 
 
 def test_corruption_is_detected(rng) -> None:
-    frames = list(T.tensor_frames([("w", rng.standard_normal(1000).astype(np.float32))]))
-    data = bytearray(frames[0].data)
-    data[17] ^= 0x01
-    frames[0] = pb.TensorFrame(tensors=frames[0].tensors, total_bytes=frames[0].total_bytes, data=bytes(data))
+    [msg] = list(T.tensor_messages([("w", rng.standard_normal(1000).astype(np.float32))]))
+    data = bytearray(msg)
+    data[-100] ^= 0x01  # a payload byte
     with pytest.raises(ChecksumError, match="'w'"):
-        T.read_frames(frames)
+        T.read_messages([bytes(data)])
 
 
 def test_truncated_and_malformed_streams_are_rejected(small_chunks: int, rng) -> None:
-    frames = list(T.tensor_frames([("w", rng.standard_normal(500).astype(np.float32))]))
+    msgs = list(T.tensor_messages([("w", rng.standard_normal(500).astype(np.float32))]))
+    assert len(msgs) > 2
     with pytest.raises(ProtocolError, match="ended after"):
-        T.read_frames(frames[:-1])
+        T.read_messages(msgs[:-1])
     with pytest.raises(ProtocolError, match="empty"):
-        T.read_frames([])
-    bad = [*frames[:1], pb.TensorFrame(head=pb.StreamHead(step=1)), *frames[1:]]
-    with pytest.raises(ProtocolError, match="first frame"):
-        T.read_frames(bad)
+        T.read_messages([])
+    with pytest.raises(ProtocolError, match="before any header"):
+        T.read_messages(msgs[1:])
+    with pytest.raises(ProtocolError, match="more than"):
+        T.read_messages([*msgs, msgs[-1]])
     with pytest.raises(ProtocolError, match="cannot be sent"):
-        list(T.tensor_frames([("c", np.zeros(3, dtype=np.complex64))]))
+        list(T.tensor_messages([("c", np.zeros(3, dtype=np.complex64))]))
+
+
+def test_segments_concatenate(rng) -> None:
+    """A relay may join the streams of two shards: the reader takes every segment, in order."""
+    a = [("a", rng.standard_normal(10).astype(np.float32))]
+    b = [("b", rng.integers(0, 9, 4)), ("c", np.zeros(0, np.float32))]
+    head, out = T.read_messages([*T.tensor_messages(a, pb.StreamHead(step=2)), *T.tensor_messages(b)])
+    assert head is not None and head.step == 2 and list(out) == ["a", "b", "c"]
+    assert_array_equal(out["a"], a[0][1]) and assert_array_equal(out["b"], b[0][1])
+
+
+def test_known_checksums_are_trusted_only_for_unconverted_tensors(rng) -> None:
+    x = rng.standard_normal(100).astype(np.float32)
+    [msg] = list(T.tensor_messages([("x", x)], crcs={"x": 12345}))
+    with pytest.raises(ChecksumError):  # a wrong cached checksum is caught by the receiver
+        T.read_messages([msg])
+    [msg] = list(T.tensor_messages([("x", x)], bf16=True, crcs={"x": 12345}))
+    assert T.read_messages([msg])[1]["x"].dtype == np.float32  # converted: its own checksum is computed
 
 
 def test_bfloat16_on_the_wire(rng) -> None:
     x = rng.standard_normal(4099).astype(np.float32) * 10
     x[:4] = [0.0, -0.0, np.inf, np.nan]
-    frames = list(T.tensor_frames([("w", x), ("ids", np.arange(5))], bf16=True))
-    assert frames[0].tensors[0].dtype == "bfloat16" and frames[0].tensors[1].dtype == "int64"
-    _, out = T.read_frames(frames)
+    msgs = list(T.tensor_messages([("w", x), ("ids", np.arange(5))], bf16=True))
+    _, out = T.read_messages(msgs)
     y = out["w"]
     assert y.dtype == np.float32 and np.isnan(y[3]) and y[2] == np.inf
     finite = np.isfinite(x)

@@ -11,10 +11,9 @@ from weightstream.data import DataProcessor, make_data_processor
 from weightstream.params import load_params
 from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost
-from weightstream.transport.rpc import abort_on_error
-from weightstream.transport.tensors import tensor_frames
+from weightstream.transport.rpc import abort_on_error, add_service, tensors_out
+from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["ActivationServer", "add_servicer", "build"]
 
@@ -39,18 +38,20 @@ def build(job: JobSpec) -> ActivationServer:
     )
 
 
-class ActivationServicer(rpc.ActivationServicer):
+class ActivationServicer:
     def __init__(self, host: RoleHost) -> None:
         self.host = host
 
-    def GetBatch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+    def GetBatch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         server: ActivationServer = self.host.logic(context)
         try:
             x, y = server.batch(request.split, request.step, request.worker, request.num_workers)
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_frames([("inputs", x), ("targets", y)])
+        yield from tensor_messages([("inputs", x), ("targets", y)])
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    rpc.add_ActivationServicer_to_server(ActivationServicer(host), server)
+    add_service(
+        server, "Activation", {"GetBatch": tensors_out(ActivationServicer(host).GetBatch, pb.BatchRequest)}
+    )

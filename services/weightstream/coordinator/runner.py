@@ -83,17 +83,24 @@ class JobRunner:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
             for f in done:
                 if f.exception() is not None:
-                    self._check_roles()  # a dead role explains the failure better than the RPC error
+                    self._check_roles(grace_s=1.0)  # a dead role explains a failed call better than the call
                     raise JobFailed(str(f.exception())) from f.exception()
             self._check_roles()
             if time.monotonic() > deadline:
                 raise JobFailed(f"{kind}s did not answer within {timeout_s:.0f}s")
         return [f.result() for f in futures]
 
-    def _check_roles(self) -> None:
-        dead = self.backend.failures()
-        if dead:
-            raise JobFailed("role died: " + "; ".join(dead))
+    def _check_roles(self, grace_s: float = 0.0) -> None:
+        """Fail the job if a role has died. ``grace_s``: after a failed call, the peer's exit may reach
+        us a moment after its closed connection does, so look again for that long."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = self.backend.failures()
+            if dead:
+                raise JobFailed("role died: " + "; ".join(dead))
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     # -- the job -------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:

@@ -13,10 +13,9 @@ from weightstream.memoryx.storage import write_safetensors
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost
-from weightstream.transport.rpc import abort_on_error
-from weightstream.transport.tensors import read_frames, tensor_frames
+from weightstream.transport.rpc import abort_on_error, add_service, tensors_in, tensors_out, unary
+from weightstream.transport.tensors import read_messages, tensor_messages
 
 __all__ = ["MemoryXServicer", "add_servicer", "build"]
 
@@ -38,29 +37,29 @@ def build(job: JobSpec) -> MemoryXShard:
     )
 
 
-class MemoryXServicer(rpc.MemoryXServicer):
+class MemoryXServicer:
+    """Only translates messages; ``MemoryXShard`` does the work."""
+
     def __init__(self, host: RoleHost) -> None:
         self.host = host
 
     def _shard(self, context: grpc.ServicerContext) -> MemoryXShard:
         return self.host.logic(context)
 
-    def GetTensors(
-        self, request: pb.TensorRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.TensorFrame]:
+    def GetTensors(self, request: pb.TensorRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         shard = self._shard(context)
         try:
             tensors = shard.tensors(request.step, list(request.names))
+            bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
+            crcs = None if bf16 else shard.checksums(list(request.names))
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_frames(tensors)
+        yield from tensor_messages(tensors, bf16=bf16, crcs=crcs)
 
-    def PushGradients(
-        self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext
-    ) -> pb.Ack:
+    def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
         try:
-            head, grads = read_frames(request_iterator)
+            head, grads = read_messages(request_iterator)
             if head is None:
                 raise ValueError("a gradient stream must open with a StreamHead")
             shard.add_gradient(head.step, head.unit, grads)
@@ -102,4 +101,15 @@ class MemoryXServicer(rpc.MemoryXServicer):
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    rpc.add_MemoryXServicer_to_server(MemoryXServicer(host), server)
+    s = MemoryXServicer(host)
+    add_service(
+        server,
+        "MemoryX",
+        {
+            "GetTensors": tensors_out(s.GetTensors, pb.TensorRequest),
+            "PushGradients": tensors_in(s.PushGradients, pb.Ack),
+            "GradNormSq": unary(s.GradNormSq, pb.StepRequest, pb.NormReply),
+            "ApplyUpdate": unary(s.ApplyUpdate, pb.UpdateRequest, pb.Ack),
+            "SaveCheckpoint": unary(s.SaveCheckpoint, pb.CheckpointRequest, pb.CheckpointReply),
+        },
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -70,6 +71,9 @@ class MemoryXShard:
             }
         self._pending: dict[str, dict[int, np.ndarray]] = {n: {} for n in self.names}
         self._grads: dict[str, np.ndarray] | None = None  # summed, once complete
+        self._crcs: dict[
+            str, int
+        ] = {}  # checksums of the current weights: sent twice per step, computed once
         self._cond = threading.Condition()
 
     def _place(self, key: str, value: np.ndarray) -> np.ndarray:
@@ -101,6 +105,15 @@ class MemoryXShard:
             if missing:
                 raise KeyError(f"tensors not on this shard: {missing}")
             return [(n, self.weights[n]) for n in names]
+
+    def checksums(self, names: Sequence[str]) -> dict[str, int]:
+        """crc32 of the named weights as they are now (cached until the next update)."""
+        with self._cond:
+            missing = [n for n in names if n not in self._crcs]
+        fresh = {n: zlib.crc32(memoryview(self.weights[n].reshape(-1).view(np.uint8))) for n in missing}
+        with self._cond:
+            self._crcs.update(fresh)
+            return {n: self._crcs[n] for n in names}
 
     # -- gradients in --------------------------------------------------------------------------------------
     def add_gradient(self, step: int, unit: int, grads: Mapping[str, np.ndarray]) -> None:
@@ -164,6 +177,7 @@ class MemoryXShard:
                     g *= np.float32(clip_coef)
                 optimizer_step(self.opt, self.weights[n], g, self.state[n], step=step + 1, lr=lr)
             self._grads = None
+            self._crcs = {}
             self._pending = {n: {} for n in self.names}
             self.step += 1
             self._cond.notify_all()

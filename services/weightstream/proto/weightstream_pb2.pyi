@@ -35,17 +35,21 @@ class TensorHeader(_message.Message):
     crc32: int
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., crc32: _Optional[int] = ...) -> None: ...
 
-class TensorFrame(_message.Message):
-    __slots__ = ("head", "tensors", "total_bytes", "data")
+class TensorSetHeader(_message.Message):
+    __slots__ = ("head", "tensors", "total_bytes")
     HEAD_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
     head: StreamHead
     tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
     total_bytes: int
-    data: bytes
-    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("raw",)
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    raw: bytes
+    def __init__(self, raw: _Optional[bytes] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -196,11 +196,11 @@ class MemoryXStub:
         self.GetTensors = channel.unary_stream(
                 '/weightstream.v1.MemoryX/GetTensors',
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorRequest.SerializeToString,
-                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.PushGradients = channel.stream_unary(
                 '/weightstream.v1.MemoryX/PushGradients',
-                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
                 response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
                 _registered_method=True)
         self.GradNormSq = channel.unary_unary(
@@ -224,13 +224,15 @@ class MemoryXServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetTensors(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """tensor stream
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PushGradients(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """tensor stream
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -259,11 +261,11 @@ def add_MemoryXServicer_to_server(servicer, server):
             'GetTensors': grpc.unary_stream_rpc_method_handler(
                     servicer.GetTensors,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorRequest.FromString,
-                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             ),
             'PushGradients': grpc.stream_unary_rpc_method_handler(
                     servicer.PushGradients,
-                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                     response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
             ),
             'GradNormSq': grpc.unary_unary_rpc_method_handler(
@@ -308,7 +310,7 @@ class MemoryX:
             target,
             '/weightstream.v1.MemoryX/GetTensors',
             weightstream_dot_proto_dot_weightstream__pb2.TensorRequest.SerializeToString,
-            weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -334,7 +336,7 @@ class MemoryX:
             request_iterator,
             target,
             '/weightstream.v1.MemoryX/PushGradients',
-            weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
             options,
             channel_credentials,
@@ -440,11 +442,11 @@ class SwarmXStub:
         self.GetUnit = channel.unary_stream(
                 '/weightstream.v1.SwarmX/GetUnit',
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.UnitRequest.SerializeToString,
-                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.PushGradients = channel.stream_unary(
                 '/weightstream.v1.SwarmX/PushGradients',
-                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
                 response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
                 _registered_method=True)
 
@@ -453,13 +455,15 @@ class SwarmXServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetUnit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """tensor stream
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PushGradients(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """tensor stream
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -470,11 +474,11 @@ def add_SwarmXServicer_to_server(servicer, server):
             'GetUnit': grpc.unary_stream_rpc_method_handler(
                     servicer.GetUnit,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.UnitRequest.FromString,
-                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             ),
             'PushGradients': grpc.stream_unary_rpc_method_handler(
                     servicer.PushGradients,
-                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                     response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
             ),
     }
@@ -504,7 +508,7 @@ class SwarmX:
             target,
             '/weightstream.v1.SwarmX/GetUnit',
             weightstream_dot_proto_dot_weightstream__pb2.UnitRequest.SerializeToString,
-            weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -530,7 +534,7 @@ class SwarmX:
             request_iterator,
             target,
             '/weightstream.v1.SwarmX/PushGradients',
-            weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
             options,
             channel_credentials,
@@ -670,7 +674,7 @@ class ActivationStub:
         self.GetBatch = channel.unary_stream(
                 '/weightstream.v1.Activation/GetBatch',
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.BatchRequest.SerializeToString,
-                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                 _registered_method=True)
 
 
@@ -678,7 +682,7 @@ class ActivationServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetBatch(self, request, context):
-        """tensors "inputs" and "targets"
+        """tensor stream: "inputs", "targets"
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -690,7 +694,7 @@ def add_ActivationServicer_to_server(servicer, server):
             'GetBatch': grpc.unary_stream_rpc_method_handler(
                     servicer.GetBatch,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.BatchRequest.FromString,
-                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.SerializeToString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -719,7 +723,7 @@ class Activation:
             target,
             '/weightstream.v1.Activation/GetBatch',
             weightstream_dot_proto_dot_weightstream__pb2.BatchRequest.SerializeToString,
-            weightstream_dot_proto_dot_weightstream__pb2.TensorFrame.FromString,
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,

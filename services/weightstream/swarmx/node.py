@@ -2,8 +2,10 @@
 
 Broadcast: children *pull* a unit; the first request for (step, unit, pass) fetches it from upstream
 once and every other child is served the same copy (single flight), so weights leave MemoryX once per
-pass per tree, not once per worker. Reduce: each child pushes its gradient of a unit; when all children
-have, they are summed in child order (never arrival order) and pushed upstream as one.
+pass per tree, not once per worker. The copy is whatever the upstream returns: the gRPC node keeps the
+raw messages and relays them without decoding (the worker checks the checksums end to end).
+Reduce: each child pushes its gradient of a unit; when all children have, they are summed in child
+order (never arrival order) and pushed upstream as one.
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = ["SwarmNodeLogic", "Upstream", "sum_in_order"]
 
 Tensors = dict[str, np.ndarray]
+Unit = Any  # what the upstream hands down: raw messages over gRPC, anything in tests
 
 
 class Upstream(Protocol):
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors: ...
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Unit: ...
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
 
@@ -30,7 +33,7 @@ class Upstream(Protocol):
 class _Flight:
     remaining: int
     done: threading.Event = field(default_factory=threading.Event)
-    tensors: Tensors | None = None
+    unit: Unit = None
     error: BaseException | None = None
 
 
@@ -53,7 +56,7 @@ class SwarmNodeLogic:
         self._grads: dict[tuple[int, int], list[Mapping[str, np.ndarray] | None]] = {}
         self.fetches_upstream = 0  # how many units this node pulled from upstream (broadcast accounting)
 
-    def get_unit(self, step: int, unit: int, pass_: int) -> Tensors:
+    def get_unit(self, step: int, unit: int, pass_: int) -> Unit:
         key = (step, unit, pass_)
         with self._lock:
             flight = self._flights.get(key)
@@ -62,7 +65,7 @@ class SwarmNodeLogic:
                 flight = self._flights[key] = _Flight(remaining=self.num_children)
         if leader:
             try:
-                flight.tensors = self.upstream.fetch_unit(step, unit, pass_)
+                flight.unit = self.upstream.fetch_unit(step, unit, pass_)
                 self.fetches_upstream += 1
             except BaseException as e:
                 flight.error = e
@@ -78,8 +81,7 @@ class SwarmNodeLogic:
                 del self._flights[key]  # every child has it: forget it, memory stays one unit per pass
         if flight.error is not None:
             raise flight.error
-        assert flight.tensors is not None
-        return flight.tensors
+        return flight.unit
 
     def push_grads(self, step: int, unit: int, child: int, grads: Mapping[str, np.ndarray]) -> None:
         """Store one child's gradient; the last child to arrive sums and pushes upstream (its call

@@ -11,11 +11,20 @@ from weightstream.numerics import ModelDef
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost
 from weightstream.swarmx.node import SwarmNodeLogic, Tensors
-from weightstream.transport.rpc import abort_on_error, call, open_channel, stream
-from weightstream.transport.tensors import read_frames, tensor_frames
+from weightstream.transport.rpc import (
+    abort_on_error,
+    add_service,
+    call,
+    open_channel,
+    stream,
+    tensors_in,
+    tensors_in_client,
+    tensors_out,
+    tensors_out_client,
+)
+from weightstream.transport.tensors import read_messages, tensor_messages
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -28,7 +37,11 @@ class MemoryXUpstream:
     ) -> None:
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.addresses = addresses
-        self.stubs = [rpc.MemoryXStub(open_channel(a)) for a in addresses]
+        channels = [open_channel(a) for a in addresses]
+        self.get_tensors = [
+            tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
+        ]
+        self.push = [tensors_in_client(c, "MemoryX", "PushGradients", pb.Ack) for c in channels]
         self._pool = ThreadPoolExecutor(max(1, len(addresses)), thread_name_prefix="memoryx-io")
 
     def _by_shard(self, names: list[str]) -> dict[int, list[str]]:
@@ -37,35 +50,34 @@ class MemoryXUpstream:
             out.setdefault(self.plan.tensor_shard[n], []).append(n)
         return out
 
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors:
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[bytes]:
+        """The unit's raw messages: one segment per shard holding some of its tensors, in shard order."""
         names = list(self.model.units[unit].param_names)
 
-        def fetch(shard: int, shard_names: list[str]) -> Tensors:
+        def fetch(shard: int, shard_names: list[str]) -> list[bytes]:
             peer = f"memoryx-{shard} ({self.addresses[shard]})"
             it = call(
                 peer,
                 "GetTensors",
-                self.stubs[shard].GetTensors,
+                self.get_tensors[shard],
                 pb.TensorRequest(step=step, names=shard_names),
                 timeout=self.timeout_s,
             )
-            return read_frames(stream(peer, "GetTensors", it))[1]
+            return list(stream(peer, "GetTensors", it))
 
-        out: Tensors = {}
-        for part in self._pool.map(lambda kv: fetch(*kv), self._by_shard(names).items()):
-            out.update(part)
-        return {n: out[n] for n in names}
+        parts = self._pool.map(lambda kv: fetch(*kv), sorted(self._by_shard(names).items()))
+        return [msg for part in parts for msg in part]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         def push(shard: int, shard_names: list[str]) -> None:
-            frames = tensor_frames(
+            msgs = tensor_messages(
                 [(n, grads[n]) for n in shard_names], pb.StreamHead(step=step, unit=unit), self.bf16
             )
             call(
                 f"memoryx-{shard} ({self.addresses[shard]})",
                 "PushGradients",
-                self.stubs[shard].PushGradients,
-                frames,
+                self.push[shard],
+                msgs,
                 timeout=self.timeout_s,
             )
 
@@ -76,24 +88,26 @@ class ParentUpstream:
     """An inner node's upstream: its parent SwarmX node, where this node is child ``slot``."""
 
     def __init__(self, address: str, slot: int, timeout_s: float, bf16: bool, name: str) -> None:
-        self.stub = rpc.SwarmXStub(open_channel(address))
+        channel = open_channel(address)
+        self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
+        self.push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
 
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> Tensors:
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[bytes]:
         it = call(
             self.peer,
             "GetUnit",
-            self.stub.GetUnit,
+            self.get_unit,
             pb.UnitRequest(step=step, unit=unit, phase=pass_),
             timeout=self.timeout_s,
         )
-        return read_frames(stream(self.peer, "GetUnit", it))[1]
+        return list(stream(self.peer, "GetUnit", it))
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        frames = tensor_frames(
+        msgs = tensor_messages(
             grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
         )
-        call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
+        call(self.peer, "PushGradients", self.push, msgs, timeout=self.timeout_s)
 
 
 def build(job: JobSpec) -> SwarmNodeLogic:
@@ -116,25 +130,24 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     return SwarmNodeLogic(len(node.children), upstream, timeout)
 
 
-class SwarmXServicer(rpc.SwarmXServicer):
+class SwarmXServicer:
+    """Only translates messages; ``SwarmNodeLogic`` does the work."""
+
     def __init__(self, host: RoleHost) -> None:
         self.host = host
 
-    def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[pb.TensorFrame]:
+    def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         node: SwarmNodeLogic = self.host.logic(context)
         try:
-            tensors = node.get_unit(request.step, request.unit, request.phase)
+            messages = node.get_unit(request.step, request.unit, request.phase)
         except Exception as e:
             abort_on_error(context, e)
-        bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
-        yield from tensor_frames(tensors.items(), bf16=bf16)
+        yield from messages  # relayed as received
 
-    def PushGradients(
-        self, request_iterator: Iterator[pb.TensorFrame], context: grpc.ServicerContext
-    ) -> pb.Ack:
+    def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
         try:
-            head, grads = read_frames(request_iterator)
+            head, grads = read_messages(request_iterator)
             if head is None:
                 raise ValueError("a gradient stream must open with a StreamHead")
             node.push_grads(head.step, head.unit, head.sender, grads)
@@ -144,4 +157,12 @@ class SwarmXServicer(rpc.SwarmXServicer):
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    rpc.add_SwarmXServicer_to_server(SwarmXServicer(host), server)
+    s = SwarmXServicer(host)
+    add_service(
+        server,
+        "SwarmX",
+        {
+            "GetUnit": tensors_out(s.GetUnit, pb.UnitRequest),
+            "PushGradients": tensors_in(s.PushGradients, pb.Ack),
+        },
+    )

@@ -10,7 +10,20 @@ import grpc
 
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 
-__all__ = ["OPTIONS", "abort_on_error", "call", "create_server", "open_channel"]
+__all__ = [
+    "OPTIONS",
+    "abort_on_error",
+    "add_service",
+    "call",
+    "create_server",
+    "open_channel",
+    "stream",
+    "tensors_in",
+    "tensors_in_client",
+    "tensors_out",
+    "tensors_out_client",
+    "unary",
+]
 
 T = TypeVar("T")
 _MB = 1 << 20
@@ -73,3 +86,54 @@ def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, PeerError):
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensor streams travel as raw bytes (see transport/tensors.py), so their methods are registered and
+# called with identity (de)serialisers instead of the generated protobuf ones.
+# ---------------------------------------------------------------------------------------------------------
+_PACKAGE = "weightstream.v1"
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def unary(fn: Callable[..., Any], request: Any, response: Any) -> grpc.RpcMethodHandler:
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+
+def tensors_out(fn: Callable[..., Any], request: Any) -> grpc.RpcMethodHandler:
+    """A method taking a protobuf request and answering with a tensor stream."""
+    return grpc.unary_stream_rpc_method_handler(
+        fn, request_deserializer=request.FromString, response_serializer=_identity
+    )
+
+
+def tensors_in(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandler:
+    """A method taking a tensor stream and answering with a protobuf message."""
+    return grpc.stream_unary_rpc_method_handler(
+        fn, request_deserializer=_identity, response_serializer=response.SerializeToString
+    )
+
+
+def add_service(server: grpc.Server, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{_PACKAGE}.{service}", methods),))
+
+
+def tensors_out_client(channel: grpc.Channel, service: str, method: str, request: Any) -> Any:
+    return channel.unary_stream(
+        f"/{_PACKAGE}.{service}/{method}",
+        request_serializer=request.SerializeToString,
+        response_deserializer=_identity,
+    )
+
+
+def tensors_in_client(channel: grpc.Channel, service: str, method: str, response: Any) -> Any:
+    return channel.stream_unary(
+        f"/{_PACKAGE}.{service}/{method}",
+        request_serializer=_identity,
+        response_deserializer=response.FromString,
+    )

@@ -1,25 +1,36 @@
-"""Tensors as frame streams: headers up front, payload in ~4 MiB frames, a crc32 per tensor, bf16 optional.
+"""Tensor streams: raw-bytes gRPC messages carrying a header and the tensors' bytes (layout in the proto).
 
-The receiver assembles the payload into one preallocated buffer (one copy out of each protobuf message,
-none after) and hands out arrays that are views into it; float tensors sent as bfloat16 come back float32.
+Why raw bytes and not a protobuf ``bytes`` field: protobuf would copy the payload when the message is
+built, serialised, parsed and read, single-threaded, per hop. Here the sender makes one copy (joining a
+message's pieces) and the receiver one (into an aligned buffer); a relay (SwarmX) forwards the very bytes
+it received. The receiver checks every tensor's crc32, end to end.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import ChecksumError, ProtocolError
 
-__all__ = ["CHUNK_BYTES", "NamedTensor", "bf16_to_f32", "f32_to_bf16", "read_frames", "tensor_frames"]
+__all__ = [
+    "CHUNK_BYTES",
+    "NamedTensor",
+    "bf16_to_f32",
+    "f32_to_bf16",
+    "read_messages",
+    "tensor_messages",
+]
 
 # 4 MiB: large enough that per-message overhead is small, far below gRPC's message limit, and small
-# enough that the receiver copies one frame while the sender serialises the next.
+# enough that the receiver copies one message while the sender prepares the next.
 CHUNK_BYTES = 4 << 20
 _ALIGN = 64  # every tensor starts on a cache line, so the receiver's views are aligned for numpy
+_LEN = struct.Struct("<I")
 NamedTensor = tuple[str, np.ndarray]
 _DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "int64": np.int64, "uint16": np.uint16}
 
@@ -44,11 +55,16 @@ def _pad(n: int) -> int:
     return -n % _ALIGN
 
 
-def tensor_frames(
-    tensors: Iterable[NamedTensor], head: pb.StreamHead | None = None, bf16: bool = False
-) -> Iterator[pb.TensorFrame]:
-    """Frames for ``tensors`` (optionally with ``head``). With ``bf16``, float32 travels as bfloat16."""
-    headers, views = [], []
+def tensor_messages(
+    tensors: Iterable[NamedTensor],
+    head: pb.StreamHead | None = None,
+    bf16: bool = False,
+    crcs: Mapping[str, int] | None = None,
+) -> Iterator[bytes]:
+    """One segment holding ``tensors``, as gRPC messages. With ``bf16``, float32 travels as bfloat16.
+    ``crcs`` may give known checksums of float32 tensors sent as they are (MemoryX caches them)."""
+    header = pb.TensorSetHeader(head=head)
+    views = []
     offset = 0
     for name, arr in tensors:
         if bf16 and arr.dtype == np.float32:
@@ -58,82 +74,94 @@ def tensor_frames(
             if dtype not in _DTYPES:
                 raise ProtocolError(f"tensor {name!r}: dtype {dtype} cannot be sent")
         view = memoryview(wire.reshape(-1).view(np.uint8))
-        headers.append(
-            pb.TensorHeader(
-                name=name,
-                dtype=dtype,
-                shape=arr.shape,
-                offset=offset,
-                nbytes=view.nbytes,
-                crc32=zlib.crc32(view),
-            )
+        known = crcs.get(name) if crcs is not None and dtype == arr.dtype.name else None
+        crc = known if known is not None else zlib.crc32(view)
+        header.tensors.add(
+            name=name, dtype=dtype, shape=arr.shape, offset=offset, nbytes=view.nbytes, crc32=crc
         )
         views.append(view)
         offset += view.nbytes + _pad(view.nbytes)
-    chunks = _chunks(views)
-    first = next(chunks, b"")
-    yield pb.TensorFrame(head=head, tensors=headers, total_bytes=offset, data=first)
-    for data in chunks:
-        yield pb.TensorFrame(data=data)
+    header.total_bytes = offset
+    head_bytes = header.SerializeToString()
+    first = True
+    for parts in _payload_chunks(views):
+        prefix = [_LEN.pack(len(head_bytes)), head_bytes] if first else [_LEN.pack(0)]
+        yield b"".join([*prefix, *parts])
+        first = False
+    if first:  # no payload at all: the header alone
+        yield _LEN.pack(len(head_bytes)) + head_bytes
 
 
-def _chunks(views: list[memoryview]) -> Iterator[bytes]:
-    """The payload (tensors back to back, each padded to the alignment) cut into CHUNK_BYTES pieces."""
+def _payload_chunks(views: list[memoryview]) -> Iterator[list[memoryview | bytes]]:
+    """The payload (tensors back to back, each padded to the alignment) as pieces of CHUNK_BYTES."""
     parts: list[memoryview | bytes] = []
     size = 0
     for view in views:
-        pieces: list[memoryview | bytes] = [view]
-        if _pad(view.nbytes):
-            pieces.append(bytes(_pad(view.nbytes)))
-        for piece in pieces:
+        for piece in (view, bytes(_pad(view.nbytes))):
             pos = 0
             while pos < len(piece):
                 take = min(CHUNK_BYTES - size, len(piece) - pos)
                 parts.append(piece[pos : pos + take])
-                size += take
-                pos += take
+                size, pos = size + take, pos + take
                 if size == CHUNK_BYTES:
-                    yield b"".join(parts)
+                    yield parts
                     parts, size = [], 0
     if parts:
-        yield b"".join(parts)
+        yield parts
 
 
-def read_frames(frames: Iterable[pb.TensorFrame]) -> tuple[pb.StreamHead | None, dict[str, np.ndarray]]:
-    """Assemble a frame stream into (head or None, {name: array}), verifying every checksum."""
-    it = iter(frames)
-    first = next(it, None)
-    if first is None:
-        raise ProtocolError("empty tensor stream")
-    raw = np.empty(first.total_bytes + _ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    buf = raw[start : start + first.total_bytes]  # cache-line aligned, so every tensor's view is too
-    filled = 0
-    for frame in _with_first(first, it):
-        n = len(frame.data)
-        if filled + n > first.total_bytes:
-            raise ProtocolError(f"stream carries more than the announced {first.total_bytes} bytes")
-        buf[filled : filled + n] = np.frombuffer(frame.data, dtype=np.uint8)
-        filled += n
-    if filled != first.total_bytes:
-        raise ProtocolError(f"stream ended after {filled} of {first.total_bytes} bytes")
+class _Segment:
+    def __init__(self, header: pb.TensorSetHeader) -> None:
+        self.header = header
+        raw = np.empty(header.total_bytes + _ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % _ALIGN
+        self.buf = raw[start : start + header.total_bytes]  # aligned, so every tensor's view is too
+        self.filled = 0
+
+    def add(self, data: memoryview) -> None:
+        n = len(data)
+        if self.filled + n > self.header.total_bytes:
+            raise ProtocolError(f"segment carries more than the announced {self.header.total_bytes} bytes")
+        self.buf[self.filled : self.filled + n] = np.frombuffer(data, dtype=np.uint8)
+        self.filled += n
+
+    def tensors(self, out: dict[str, np.ndarray]) -> None:
+        if self.filled != self.header.total_bytes:
+            raise ProtocolError(f"segment ended after {self.filled} of {self.header.total_bytes} bytes")
+        for h in self.header.tensors:
+            if h.dtype not in _DTYPES:
+                raise ProtocolError(f"tensor {h.name!r}: unknown wire dtype {h.dtype!r}")
+            raw = self.buf[h.offset : h.offset + h.nbytes]
+            if len(raw) != h.nbytes:
+                raise ProtocolError(f"tensor {h.name!r}: extends past the payload")
+            if zlib.crc32(raw) != h.crc32:
+                raise ChecksumError(f"tensor {h.name!r}: crc32 mismatch ({h.nbytes} bytes)")
+            arr = raw.view(_DTYPES[h.dtype]).reshape(tuple(h.shape))
+            out[h.name] = bf16_to_f32(arr) if h.dtype == "bfloat16" else arr
+
+
+def read_messages(messages: Iterable[bytes]) -> tuple[pb.StreamHead | None, dict[str, np.ndarray]]:
+    """Assemble a tensor stream (one or more segments) into (head or None, {name: array}), checking
+    every checksum. Arrays are views into one aligned buffer per segment."""
+    head: pb.StreamHead | None = None
     out: dict[str, np.ndarray] = {}
-    for h in first.tensors:
-        if h.dtype not in _DTYPES:
-            raise ProtocolError(f"tensor {h.name!r}: unknown wire dtype {h.dtype!r}")
-        raw = buf[h.offset : h.offset + h.nbytes]
-        if len(raw) != h.nbytes:
-            raise ProtocolError(f"tensor {h.name!r}: extends past the payload")
-        if zlib.crc32(raw) != h.crc32:
-            raise ChecksumError(f"tensor {h.name!r}: crc32 mismatch ({h.nbytes} bytes)")
-        arr = raw.view(_DTYPES[h.dtype]).reshape(tuple(h.shape))
-        out[h.name] = bf16_to_f32(arr) if h.dtype == "bfloat16" else arr
-    return (first.head if first.HasField("head") else None), out
-
-
-def _with_first(first: pb.TensorFrame, rest: Iterator[pb.TensorFrame]) -> Iterator[pb.TensorFrame]:
-    yield first
-    for frame in rest:
-        if frame.tensors or frame.HasField("head"):
-            raise ProtocolError("tensor headers and the stream head may only come in the first frame")
-        yield frame
+    seg: _Segment | None = None
+    for msg in messages:
+        view = memoryview(msg)
+        if len(view) < _LEN.size:
+            raise ProtocolError("truncated message")
+        (n,) = _LEN.unpack_from(view)
+        if n:
+            if seg is not None:
+                seg.tensors(out)
+            header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
+            if head is None and header.HasField("head"):
+                head = header.head
+            seg = _Segment(header)
+        elif seg is None:
+            raise ProtocolError("payload before any header")
+        seg.add(view[_LEN.size + n :])
+    if seg is None:
+        raise ProtocolError("empty tensor stream")
+    seg.tensors(out)
+    return head, out

@@ -11,8 +11,15 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost
-from weightstream.transport.rpc import abort_on_error, call, open_channel, stream
-from weightstream.transport.tensors import read_frames, tensor_frames
+from weightstream.transport.rpc import (
+    abort_on_error,
+    call,
+    open_channel,
+    stream,
+    tensors_in_client,
+    tensors_out_client,
+)
+from weightstream.transport.tensors import read_messages, tensor_messages
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
 
@@ -23,35 +30,32 @@ class SwarmParent:
     """Weights from, and gradients to, this worker's SwarmX node (where it is child ``slot``)."""
 
     def __init__(self, address: str, name: str, slot: int, timeout_s: float, bf16: bool) -> None:
-        self.stub = rpc.SwarmXStub(open_channel(address))
+        channel = open_channel(address)
+        self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
+        self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
 
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
-        it = call(
-            self.peer,
-            "GetUnit",
-            self.stub.GetUnit,
-            pb.UnitRequest(step=step, unit=unit, phase=phase),
-            timeout=self.timeout_s,
-        )
-        return read_frames(stream(self.peer, "GetUnit", it))[1]
+        req = pb.UnitRequest(step=step, unit=unit, phase=phase)
+        it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
+        return read_messages(stream(self.peer, "GetUnit", it))[1]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        frames = tensor_frames(
+        msgs = tensor_messages(
             grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
         )
-        call(self.peer, "PushGradients", self.stub.PushGradients, frames, timeout=self.timeout_s)
+        call(self.peer, "PushGradients", self._push, msgs, timeout=self.timeout_s)
 
 
 class ActivationClient:
     def __init__(self, address: str, name: str, timeout_s: float) -> None:
-        self.stub = rpc.ActivationStub(open_channel(address))
+        self._get = tensors_out_client(open_channel(address), "Activation", "GetBatch", pb.BatchRequest)
         self.peer, self.timeout_s = f"{name} ({address})", timeout_s
 
     def get(self, split: str, step: int, worker: int, num_workers: int):  # type: ignore[no-untyped-def]
         req = pb.BatchRequest(split=split, step=step, worker=worker, num_workers=num_workers)
-        it = call(self.peer, "GetBatch", self.stub.GetBatch, req, timeout=self.timeout_s)
-        t = read_frames(stream(self.peer, "GetBatch", it))[1]
+        it = call(self.peer, "GetBatch", self._get, req, timeout=self.timeout_s)
+        t = read_messages(stream(self.peer, "GetBatch", it))[1]
         return t["inputs"], t["targets"]
 
 
