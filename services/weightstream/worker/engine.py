@@ -9,10 +9,11 @@ one input activation per unit. No gRPC here: weights and batches come through sm
 
 from __future__ import annotations
 
+import itertools
 import resource
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -125,7 +126,9 @@ class WorkerEngine:
         saved: list[list[Any]] = []
         resident: dict[int, Tensors] = {}
         kept = self.weight_bytes
+        last_params: Tensors = {}
         for u, params in self._stream(step, list(range(n_units)), FORWARD, wait):
+            last_params = params
             if self.pipelined:  # keep the weights for backward: one transfer per unit per step
                 resident[u] = params
             inputs.append(xs)
@@ -146,15 +149,16 @@ class WorkerEngine:
             part, ce = cross_entropy_forward(xk, yk, denom)
             loss += part
             dys.append(cross_entropy_backward(ce, xk.shape))
-        del xs, ce
+        del xs, ce, params
         pushes: deque[Future[None]] = deque()
         recomputed = 0
         order = list(reversed(range(n_units)))
-        units = (
-            ((u, resident.pop(u)) for u in order)
-            if self.pipelined
-            else self._stream(step, order, BACKWARD, wait)
-        )
+        if self.pipelined:
+            units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
+        else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
+            rest = self._stream(step, order[1:], BACKWARD, wait) if len(order) > 1 else iter(())
+            units = itertools.chain([(order[0], last_params)], rest)
+        del last_params  # the chain holds it until backward has used it
         for u, params in units:
             unit = self.model.units[u]
             total: Tensors = {}
