@@ -10,18 +10,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from weightstream import __version__
 from weightstream.data import DataError
 from weightstream.params import Params, ParamsError, load_params, model_def
+from weightstream.progress import step_progress
 
 app = typer.Typer(
     help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
@@ -102,17 +95,8 @@ def train_reference(
         f"training {p.model.name} ({trainer.model.num_params:,} parameters) for {rc.max_steps} steps, "
         f"global batch {p.train_input.batch_size} split over {trainer.num_shards} shard(s)"
     )
-    columns = (
-        TextColumn("[bold]step"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
     tokens, t0 = 0, time.perf_counter()
-    with Progress(*columns, console=out, transient=True) as progress:
+    with step_progress(out) as progress:
         task = progress.add_task("train", total=rc.max_steps, status="")
         for _ in range(rc.max_steps):
             r = trainer.train_step()

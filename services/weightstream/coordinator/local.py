@@ -8,19 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from weightstream.coordinator.backend import LocalProcessBackend
 from weightstream.coordinator.runner import JobFailed, JobRunner
 from weightstream.data import DataError, make_data_processor
 from weightstream.params import Params
+from weightstream.progress import step_progress
 
 __all__ = ["run_local"]
 
@@ -48,16 +41,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
     model_dir = Path(rc.model_dir)
     handler = _log_to(model_dir)
     backend = LocalProcessBackend(model_dir / "logs")
-    columns = (
-        TextColumn("[bold]step"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    progress = Progress(*columns, console=out, transient=True)
+    progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
 
     def on_event(e: dict[str, Any]) -> None:
