@@ -149,6 +149,38 @@ def run(
     raise typer.Exit(run_local(p, out, err))
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="REST port")] = 8080,
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="job store and every job's model_dir")] = Path(
+        "./weightstream-data"
+    ),
+    slots: Annotated[int, typer.Option(min=1, help="CS-2 workers the service may run at once")] = 4,
+    token: Annotated[
+        str | None, typer.Option(envvar="WEIGHTSTREAM_TOKEN", help="API bearer token", show_default=False)
+    ] = None,
+) -> None:
+    """Run the coordinator as a service: the REST API over a persistent job queue (local processes)."""
+    import logging
+
+    import uvicorn
+
+    from weightstream.coordinator.api import create_app
+    from weightstream.coordinator.service import JobService, ServiceConfig
+
+    if not token:
+        err.print("[red]error:[/red] set WEIGHTSTREAM_TOKEN (or --token): every /v1 route needs it")
+        raise typer.Exit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    service = JobService(ServiceConfig(data_dir.resolve(), slots))
+    out.print(f"weightstream service on http://{host}:{port} ({slots} CS-2 slots, data in {data_dir})")
+    try:
+        uvicorn.run(create_app(service, token), host=host, port=port, log_level="warning")
+    finally:
+        service.shutdown()
+
+
 def _role_command(kind: str, what: str) -> None:
     def command(
         host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",

@@ -124,6 +124,8 @@ class LocalProcessBackend:
         deadline = time.monotonic() + timeout_s
         addresses: dict[RoleSpec, str] = {}
         while len(addresses) < len(self.procs):
+            if self._stopping:
+                raise BackendError("stopped while starting")
             dead = self.failures()
             if dead:
                 raise BackendError("; ".join(dead))

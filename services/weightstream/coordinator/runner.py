@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -28,7 +29,7 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.transport.rpc import call, open_channel
 
-__all__ = ["JobFailed", "JobRunner", "RunSummary"]
+__all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary"]
 
 log = logging.getLogger("weightstream.coordinator")
 T = TypeVar("T")
@@ -37,6 +38,10 @@ Event = dict[str, Any]
 
 class JobFailed(RuntimeError):
     """The job cannot go on; the message names the role and what happened."""
+
+
+class JobCancelled(RuntimeError):
+    """The job was cancelled; every role was stopped, checkpoints written so far are intact."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,12 @@ class JobRunner:
             max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord"
         )
         self.names: dict[str, list[str]] = {}
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop the job from another thread: its roles are stopped at once, ``run`` raises JobCancelled."""
+        self._cancelled.set()
+        self.backend.stop()
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def _emit(self, kind: str, **data: Any) -> None:
@@ -115,13 +126,21 @@ class JobRunner:
         roles = [RoleSpec(kind, i) for kind in ROLE_KINDS for i in range(self.plan.counts()[kind])]
         self._emit("status", status="starting", roles={k: v for k, v in self.plan.counts().items()})
         try:
+            if self._cancelled.is_set():
+                raise JobCancelled("cancelled before it started")
             self.backend.start(roles)
             try:
                 self.addresses = self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
             except BackendError as e:
+                if self._cancelled.is_set():
+                    raise JobCancelled("cancelled while starting") from e
                 raise JobFailed(str(e)) from e
             self._configure(str(resume[1]) if resume else None)
             return self._train(start_step, t0)
+        except JobFailed as e:
+            if self._cancelled.is_set():
+                raise JobCancelled("cancelled") from e
+            raise
         finally:
             self.backend.stop()
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -185,6 +204,8 @@ class JobRunner:
         tokens_total, t_train = 0, time.monotonic()
         with (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as metrics:
             for step in range(start_step, rc.max_steps):
+                if self._cancelled.is_set():
+                    raise JobCancelled(f"cancelled before step {step + 1}")
                 record = self._step(step)
                 done, loss = record["step"], record["loss"]
                 tokens_total += record.pop("tokens")

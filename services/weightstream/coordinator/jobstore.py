@@ -1,0 +1,244 @@
+"""The job store: every job the service has accepted, in SQLite, written through transactions.
+
+A job's record holds its resolved params, num_csx, labels, priority, status history with timestamps, the
+error if any and its model_dir; its events (status changes, logged steps, evals, checkpoints) are kept
+in order so that clients can follow a job from any point. A restarted service finds every job it had.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TERMINAL", "TRANSITIONS", "IllegalTransition", "Job", "JobStore", "UnknownJob"]
+
+# queued -> running -> succeeded | failed | cancelled; queued -> cancelled; a restart may requeue a
+# running job whose params ask to resume from its last checkpoint.
+TRANSITIONS: dict[str, set[str]] = {
+    "queued": {"running", "cancelled", "failed"},
+    "running": {"succeeded", "failed", "cancelled", "queued"},
+    "succeeded": set(),
+    "failed": set(),
+    "cancelled": set(),
+}
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    params TEXT NOT NULL,
+    num_csx INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    error TEXT,
+    model_dir TEXT NOT NULL,
+    history TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (status, priority, created_at);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs (id),
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq);
+"""
+
+
+class UnknownJob(KeyError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+    def __str__(self) -> str:
+        return f"no job {self.job_id!r}"
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, job_id: str, current: str, wanted: str) -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[current])) or "none: the job is finished"
+        super().__init__(f"job {job_id} is {current}; it cannot become {wanted} (allowed: {allowed})")
+        self.current, self.wanted = current, wanted
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    status: str
+    params: dict[str, Any]
+    num_csx: int
+    labels: dict[str, str]
+    priority: int
+    created_at: float
+    updated_at: float
+    error: str | None
+    model_dir: str
+    history: list[dict[str, Any]]  # [{"status", "at", "reason"?}]
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # one connection, serialised by a lock: the store is small and writes must be ordered anyway
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a committed job survives a crash of the machine
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self.changed = threading.Condition(self._lock)  # notified on every new event
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self.changed.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- jobs ----------------------------------------------------------------------------------------------
+    def create(
+        self,
+        job_id: str,
+        params: dict[str, Any],
+        num_csx: int,
+        labels: dict[str, str],
+        priority: int,
+        model_dir: Path,
+    ) -> Job:
+        now = time.time()
+        history = [{"status": "queued", "at": now}]
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (
+                    job_id,
+                    json.dumps(params),
+                    num_csx,
+                    json.dumps(labels),
+                    priority,
+                    now,
+                    now,
+                    str(model_dir),
+                    json.dumps(history),
+                ),
+            )
+            self._event(db, job_id, "status", {"status": "queued"})
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> Job:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(job_id)
+        return _job(row)
+
+    def list(self, status: str | None = None, labels: dict[str, str] | None = None) -> list[Job]:
+        with self._lock:
+            if status is None:
+                rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at").fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT * FROM jobs WHERE status = ? ORDER BY created_at", (status,)
+                ).fetchall()
+        jobs = [_job(r) for r in rows]
+        if labels:
+            jobs = [j for j in jobs if all(j.labels.get(k) == v for k, v in labels.items())]
+        return jobs
+
+    def queue(self) -> list[Job]:
+        """Queued jobs in the order they run: priority (1 first), then submission time."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM jobs WHERE status = 'queued' ORDER BY priority, created_at"
+            ).fetchall()
+        return [_job(r) for r in rows]
+
+    def transition(
+        self, job_id: str, status: str, reason: str | None = None, error: str | None = None
+    ) -> Job:
+        """Move a job to ``status`` if the state machine allows it (raises IllegalTransition if not)."""
+        with self._tx() as db:
+            row = db.execute("SELECT status, history FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJob(job_id)
+            current, history = row[0], json.loads(row[1])
+            if status not in TRANSITIONS[current]:
+                raise IllegalTransition(job_id, current, status)
+            now = time.time()
+            history.append({"status": status, "at": now, **({"reason": reason} if reason else {})})
+            db.execute(
+                "UPDATE jobs SET status = ?, updated_at = ?, history = ?, error = COALESCE(?, error) "
+                "WHERE id = ?",
+                (status, now, json.dumps(history), error, job_id),
+            )
+            self._event(
+                db,
+                job_id,
+                "status",
+                {
+                    "status": status,
+                    **({"reason": reason} if reason else {}),
+                    **({"error": error} if error else {}),
+                },
+            )
+        return self.get(job_id)
+
+    # -- events --------------------------------------------------------------------------------------------
+    def _event(self, db: sqlite3.Connection, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        db.execute(
+            "INSERT INTO events (job_id, at, kind, data) VALUES (?, ?, ?, ?)",
+            (job_id, time.time(), kind, json.dumps(data)),
+        )
+
+    def add_event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        with self._tx() as db:
+            self._event(db, job_id, kind, data)
+
+    def events(
+        self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None
+    ) -> list[dict[str, Any]]:
+        self.get(job_id)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, at, kind, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
+                (job_id, after),
+            ).fetchall()
+        out = [{"seq": r[0], "at": r[1], "kind": r[2], "data": json.loads(r[3])} for r in rows]
+        return [e for e in out if kinds is None or e["kind"] in kinds]
+
+
+def _job(row: tuple[Any, ...]) -> Job:
+    (job_id, status, params, num_csx, labels, priority, created, updated, error, model_dir, history) = row
+    return Job(
+        job_id,
+        status,
+        json.loads(params),
+        num_csx,
+        json.loads(labels),
+        priority,
+        created,
+        updated,
+        error,
+        model_dir,
+        json.loads(history),
+    )

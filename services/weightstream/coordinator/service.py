@@ -1,0 +1,200 @@
+"""The coordinator as a long-lived service: a persistent queue of jobs run on a fixed number of CS-2 slots.
+
+No HTTP here (``api.py`` translates); this is the behaviour: validate and enqueue, run jobs in priority
+order when enough slots are free, cancel, recover after a restart, and answer what a job did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightstream.coordinator.backend import Backend, LocalProcessBackend
+from weightstream.coordinator.jobstore import TERMINAL, IllegalTransition, Job, JobStore
+from weightstream.coordinator.runner import JobCancelled, JobFailed, JobRunner
+from weightstream.data import DataError, make_data_processor
+from weightstream.params import ParamsError, Problem, load_params
+
+__all__ = ["CapacityError", "JobService", "ServiceConfig"]
+
+log = logging.getLogger("weightstream.service")
+_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
+
+
+class CapacityError(ValueError):
+    """A job asks for more CS-2 than the service has: it could never run."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    data_dir: Path
+    slots: int  # CS-2 the service may run at once, over all jobs
+
+
+class JobService:
+    def __init__(self, config: ServiceConfig, backend: Callable[[Path], Backend] | None = None) -> None:
+        self.config = config
+        self.jobs_dir = config.data_dir / "jobs"
+        self.store = JobStore(config.data_dir / "jobs.sqlite")
+        self._backend = backend or (lambda run_dir: LocalProcessBackend(run_dir))
+        self._running: dict[str, JobRunner] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._recover()
+        self._scheduler = threading.Thread(target=self._schedule, name="scheduler", daemon=True)
+        self._scheduler.start()
+
+    # -- accepting work ------------------------------------------------------------------------------------
+    def submit(
+        self, params: dict[str, Any], num_csx: int, labels: dict[str, str] | None = None, priority: int = 2
+    ) -> Job:
+        """Validate exactly as `weightstream run` does, then enqueue. Raises ParamsError or CapacityError."""
+        if num_csx > self.config.slots:
+            raise CapacityError(f"num_csx={num_csx} exceeds this service's {self.config.slots} CS-2 slots")
+        job_id = uuid.uuid4().hex[:12]
+        model_dir = self.jobs_dir / job_id
+        parsed = load_params(
+            params, overrides={"num_csx": num_csx, "model_dir": str(model_dir)}, source="params"
+        )
+        try:  # the data must be readable here too, before the job is accepted
+            make_data_processor(parsed.train_input, parsed.model, "train")
+            if parsed.eval_input:
+                make_data_processor(parsed.eval_input, parsed.model, "eval")
+        except DataError as e:
+            raise ParamsError([Problem("train_input.data_dir", str(e))]) from e
+        job = self.store.create(
+            job_id, parsed.model_dump(mode="json"), num_csx, labels or {}, priority, model_dir
+        )
+        self._wake.set()
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a queued job at once, or stop a running one (its processes are stopped now; the job
+        is marked cancelled when its runner has wound down). Finished jobs raise IllegalTransition."""
+        job = self.store.get(job_id)
+        with self._lock:
+            runner = self._running.get(job_id)
+        if job.status == "queued":
+            return self.store.transition(job_id, "cancelled", reason="cancelled by request")
+        if job.status == "running" and runner is not None:
+            self.store.add_event(job_id, "status", {"status": "cancelling"})
+            runner.cancel()
+            return self.store.get(job_id)
+        raise IllegalTransition(job_id, job.status, "cancelled")
+
+    # -- running -------------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """After a restart, jobs that were running are resumed (autoload) or failed, never lost."""
+        for job in self.store.list(status="running"):
+            if job.params["runconfig"].get("autoload_last_checkpoint", True):
+                self.store.transition(
+                    job.id, "queued", reason="service restarted; resumes from its last checkpoint"
+                )
+            else:
+                self.store.transition(
+                    job.id,
+                    "failed",
+                    reason="service restarted while the job was running",
+                    error="interrupted by a service restart",
+                )
+
+    def _schedule(self) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                free = self.config.slots - sum(self.store.get(j).num_csx for j in self._running)
+                for job in self.store.queue():  # strict order: the head of the queue is never overtaken
+                    if job.num_csx > free:
+                        break
+                    self._start(job)
+                    free -= job.num_csx
+            self._wake.wait(0.5)
+            self._wake.clear()
+
+    def _start(self, job: Job) -> None:
+        self.store.transition(job.id, "running")
+        params = load_params(job.params)
+        runner = JobRunner(
+            params,
+            self._backend(Path(job.model_dir) / "logs"),
+            on_event=lambda e, j=job.id: self._on_event(j, e),
+            job_id=job.id,
+        )
+        self._running[job.id] = runner
+        thread = threading.Thread(target=self._run, args=(job.id, runner), name=f"job-{job.id}", daemon=True)
+        self._threads[job.id] = thread
+        thread.start()
+
+    def _run(self, job_id: str, runner: JobRunner) -> None:
+        try:
+            summary = runner.run()
+            self.store.transition(job_id, "succeeded", reason=f"done: step {summary.final_step}")
+        except JobCancelled as e:
+            self.store.transition(job_id, "cancelled", reason=str(e))
+        except (JobFailed, Exception) as e:
+            log.exception("job %s failed", job_id)
+            self.store.transition(job_id, "failed", error=str(e))
+        finally:
+            with self._lock:
+                self._running.pop(job_id, None)
+            self._wake.set()
+
+    def _on_event(self, job_id: str, event: dict[str, Any]) -> None:
+        kind = event.pop("event")
+        if kind == "status":  # the runner's own phases (starting roles, running): kept as progress
+            self.store.add_event(job_id, "progress", event)
+        else:
+            self.store.add_event(job_id, kind, event)
+
+    def shutdown(self) -> None:
+        """Stop scheduling and stop every running job's processes (their jobs stay resumable)."""
+        self._stopped.set()
+        self._wake.set()
+        with self._lock:
+            runners = list(self._running.values())
+        for r in runners:
+            r.backend.stop()
+        for t in list(self._threads.values()):
+            t.join(timeout=10)
+        self.store.close()
+
+    # -- answers -------------------------------------------------------------------------------------------
+    def metrics(self, job_id: str) -> dict[str, list[dict[str, Any]]]:
+        path = Path(self.store.get(job_id).model_dir) / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return {"steps": [r for r in rows if "loss" in r], "evals": [r for r in rows if "eval_loss" in r]}
+
+    def logs(self, job_id: str, tail: int | None = None) -> str:
+        path = Path(self.store.get(job_id).model_dir) / "run.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        model_dir = Path(self.store.get(job_id).model_dir)
+        out = []
+        for d in sorted(model_dir.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1])):
+            m = _CHECKPOINT.match(d.name)
+            if m and (d / "trainer_state.json").is_file():
+                files = [
+                    {"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()
+                ]
+                out.append({"step": int(m.group(1)), "files": files})
+        return out
+
+    def checkpoint_file(self, job_id: str, step: int, name: str) -> Path:
+        """Path of one file of a complete checkpoint; KeyError if there is no such file."""
+        for c in self.checkpoints(job_id):
+            if c["step"] == step and any(f["name"] == name for f in c["files"]):
+                return Path(self.store.get(job_id).model_dir) / f"checkpoint_{step}" / name
+        raise KeyError(f"job {job_id} has no checkpoint file {name!r} at step {step}")
+
+    def is_terminal(self, job_id: str) -> bool:
+        return self.store.get(job_id).status in TERMINAL
