@@ -1,7 +1,12 @@
-"""weightstream_client: submit and follow jobs on a weightstream appliance.
+"""weightstream_client: submit, follow, cancel and download jobs on a weightstream service.
 
-The REST client and the ``wsctl`` CLI arrive with the appliance's job service (issue 4); this
-distribution is kept separate and light so a user's machine never installs server code.
+from weightstream_client import Client
+job = Client().submit("params.yaml", num_csx=4)   # WEIGHTSTREAM_URL, WEIGHTSTREAM_TOKEN
+job.wait()                                          # progress bar; raises JobFailedError on failure
+job.download("./out")
 """
 
+from weightstream_client._client import ApiError, Client, Job, JobFailedError
+
+__all__ = ["ApiError", "Client", "Job", "JobFailedError"]
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ def test_ruff_is_clean(args: list[str]) -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    command = 'pip install -e ".[test]" && python -m pytest'
+    command = 'pip install -e ./client -e ".[test]" && python -m pytest'
     assert command in readme, "the README's test command changed: update .ci/run and this test"
     assert any(line.strip() == command for line in ci.splitlines()), ".ci/run must run the README's command"
 
@@ -40,3 +40,16 @@ def test_generated_protobuf_code_is_up_to_date() -> None:
         check=False,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_client_is_light() -> None:
+    """The client distribution must not pull numpy or any server code into a user's process."""
+    code = (
+        "import sys, weightstream_client, weightstream_client.cli; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'weightstream', 'grpc', 'fastapi')]; "
+        "assert not bad, bad"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    deps = (ROOT / "client" / "pyproject.toml").read_text()
+    assert "numpy" not in deps and 'weightstream"' not in deps

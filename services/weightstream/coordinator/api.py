@@ -30,7 +30,9 @@ __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 MAX_BODY_BYTES = 1 << 20
 # module level: route signatures are resolved in the module's namespace (postponed annotations)
-_bearer = HTTPBearer(auto_error=False)  # a params file is a few KiB; anything near this is a mistake or an attack
+_bearer = HTTPBearer(
+    auto_error=False
+)  # a params file is a few KiB; anything near this is a mistake or an attack
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
@@ -129,9 +131,17 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details
 
 
+def _err_doc(description: str) -> dict[str, Any]:
+    # content given explicitly: otherwise FastAPI documents an error under the route's own media type
+    # (text/plain, a file, an event stream), but errors are always JSON
+    return {"model": ErrorBody, "description": description, "content": {"application/json": {}}}
+
+
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
-    404: {"model": ErrorBody, "description": "no such job"},
+    401: _err_doc("missing or wrong bearer token"),
+    404: _err_doc("no such job"),
+    413: _err_doc("request body too large"),
+    422: _err_doc("the request does not match the schema"),
 }
 
 
@@ -141,6 +151,7 @@ def create_app(service: JobService, token: str) -> FastAPI:
         version=__version__,
         description="Submit, follow, cancel and download training jobs on a weightstream appliance.",
     )
+
     def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         given = creds.credentials.encode() if creds is not None else b""
         if not hmac.compare_digest(given, token.encode()):
@@ -196,7 +207,7 @@ def create_app(service: JobService, token: str) -> FastAPI:
         status_code=201,
         dependencies=v1,
         tags=["jobs"],
-        responses={**ERRORS, 422: {"model": ErrorBody, "description": "invalid params (key paths given)"}},
+        responses={**ERRORS, 422: _err_doc("invalid params (every problem's key path in details)")},
     )
     def submit(req: SubmitRequest) -> JobView:
         try:
@@ -227,7 +238,7 @@ def create_app(service: JobService, token: str) -> FastAPI:
         "/v1/jobs/{job_id}",
         dependencies=v1,
         tags=["jobs"],
-        responses={**ERRORS, 409: {"model": ErrorBody, "description": "the job has already finished"}},
+        responses={**ERRORS, 409: _err_doc("the job has already finished")},
     )
     def cancel(job_id: str) -> JobView:
         job_or_404(job_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -10,22 +9,12 @@ from typing import Any
 from rich.console import Console
 
 from weightstream.coordinator.backend import LocalProcessBackend
-from weightstream.coordinator.runner import JobFailed, JobRunner
+from weightstream.coordinator.runner import JobFailed, JobRunner, job_log
 from weightstream.data import DataError, make_data_processor
 from weightstream.params import Params
 from weightstream.progress import step_progress
 
 __all__ = ["run_local"]
-
-
-def _log_to(model_dir: Path) -> logging.Handler:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(model_dir / "run.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger("weightstream")
-    root.setLevel(logging.INFO)
-    root.addHandler(handler)
-    return handler
 
 
 def run_local(params: Params, out: Console, err: Console) -> int:
@@ -39,7 +28,6 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         err.print(f"[red]error:[/red] {e}", soft_wrap=True)
         return 2
     model_dir = Path(rc.model_dir)
-    handler = _log_to(model_dir)
     backend = LocalProcessBackend(model_dir / "logs")
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
@@ -69,18 +57,18 @@ def run_local(params: Params, out: Console, err: Console) -> int:
 
     t0 = time.monotonic()
     try:
-        with progress:
-            summary = JobRunner(params, backend, on_event).run()
+        with job_log(model_dir, "local") as job_logger, progress:
+            try:
+                summary = JobRunner(params, backend, on_event, job_id="local").run()
+            except JobFailed as e:
+                job_logger.error("job failed: %s", e)
+                raise
     except JobFailed as e:
-        logging.getLogger("weightstream").error("job failed: %s", e)
         err.print(f"[red]job failed:[/red] {e}", soft_wrap=True, highlight=False)
         return 1
     except KeyboardInterrupt:
         err.print("interrupted: every role was stopped; checkpoints written so far are intact")
         return 130
-    finally:
-        logging.getLogger("weightstream").removeHandler(handler)
-        handler.close()
     if summary.steps_run == 0:
         out.print(
             f"nothing to do: {model_dir} already holds step {summary.start_step} (max_steps {rc.max_steps})"

@@ -12,8 +12,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,11 +30,27 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.transport.rpc import call, open_channel
 
-__all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary"]
+__all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
 
 log = logging.getLogger("weightstream.coordinator")
 T = TypeVar("T")
 Event = dict[str, Any]
+
+
+@contextmanager
+def job_log(model_dir: Path, job_id: str) -> Iterator[logging.Logger]:
+    """Send job ``job_id``'s coordinator log to ``model_dir/run.log`` while the block runs."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(model_dir / "run.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = log.getChild(job_id)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
 
 
 class JobFailed(RuntimeError):
@@ -75,6 +92,7 @@ class JobRunner:
         )
         self.names: dict[str, list[str]] = {}
         self._cancelled = threading.Event()
+        self.log = log.getChild(job_id)  # one logger per job: a service runs several at once
 
     def cancel(self) -> None:
         """Stop the job from another thread: its roles are stopped at once, ``run`` raises JobCancelled."""
@@ -121,7 +139,7 @@ class JobRunner:
         resume = last_checkpoint(self.model_dir) if self.rc.autoload_last_checkpoint else None
         start_step = resume[0] if resume else 0
         if resume:
-            log.info("resuming from %s", resume[1])
+            self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
         roles = [RoleSpec(kind, i) for kind in ROLE_KINDS for i in range(self.plan.counts()[kind])]
         self._emit("status", status="starting", roles={k: v for k, v in self.plan.counts().items()})
@@ -215,7 +233,7 @@ class JobRunner:
                 if done % rc.log_steps == 0 or last:
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
-                    log.info(
+                    self.log.info(
                         "step %d loss %.5f lr %.3g |g| %.4f",
                         done,
                         loss,
@@ -242,7 +260,7 @@ class JobRunner:
         eval_loss = (
             sum(r.loss for r in self._rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))) / n
         )
-        log.info("step %d eval_loss %.5f", step, eval_loss)
+        self.log.info("step %d eval_loss %.5f", step, eval_loss)
         self._emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss
 
@@ -268,6 +286,6 @@ class JobRunner:
             "weightstream_format": 1,
         }
         path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state)
-        log.info("checkpoint %s", path)
+        self.log.info("checkpoint %s", path)
         self._emit("checkpoint", step=step, path=str(path))
         return path

@@ -18,7 +18,7 @@ from typing import Any
 
 from weightstream.coordinator.backend import Backend, LocalProcessBackend
 from weightstream.coordinator.jobstore import TERMINAL, IllegalTransition, Job, JobStore
-from weightstream.coordinator.runner import JobCancelled, JobFailed, JobRunner
+from weightstream.coordinator.runner import JobCancelled, JobFailed, JobRunner, job_log
 from weightstream.data import DataError, make_data_processor
 from weightstream.params import ParamsError, Problem, load_params
 
@@ -135,13 +135,16 @@ class JobService:
 
     def _run(self, job_id: str, runner: JobRunner) -> None:
         try:
-            summary = runner.run()
-            self.store.transition(job_id, "succeeded", reason=f"done: step {summary.final_step}")
-        except JobCancelled as e:
-            self.store.transition(job_id, "cancelled", reason=str(e))
-        except (JobFailed, Exception) as e:
-            log.exception("job %s failed", job_id)
-            self.store.transition(job_id, "failed", error=str(e))
+            with job_log(runner.model_dir, job_id) as job_logger:
+                try:
+                    summary = runner.run()
+                    self.store.transition(job_id, "succeeded", reason=f"done: step {summary.final_step}")
+                except JobCancelled as e:
+                    job_logger.info("cancelled: %s", e)
+                    self.store.transition(job_id, "cancelled", reason=str(e))
+                except (JobFailed, Exception) as e:
+                    job_logger.exception("job failed")
+                    self.store.transition(job_id, "failed", error=str(e))
         finally:
             with self._lock:
                 self._running.pop(job_id, None)

@@ -1,0 +1,251 @@
+"""The library: ``Client().submit(params, num_csx=4).wait()``, from a script or a notebook."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+__all__ = ["ApiError", "Client", "Job", "JobFailedError"]
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class ApiError(RuntimeError):
+    """The service said no: ``status`` (HTTP), ``code`` (machine-readable), message, details."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: list[dict[str, Any]] | None = None
+    ) -> None:
+        self.status, self.code, self.message, self.details = status, code, message, details or []
+        lines = [f"{message} [{code}, HTTP {status}]"] + [
+            f"  - {d.get('path', '')}: {d.get('message', '')}" for d in self.details
+        ]
+        super().__init__("\n".join(lines))
+
+
+class JobFailedError(RuntimeError):
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        super().__init__(f"job {job['id']} {job['status']}: {job.get('error') or _last_reason(job)}")
+
+
+def _last_reason(job: dict[str, Any]) -> str:
+    return next((h["reason"] for h in reversed(job.get("history", [])) if h.get("reason")), "no reason given")
+
+
+def load_params(params: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A params mapping, or a path to a YAML file, or YAML text."""
+    if isinstance(params, Mapping):
+        return dict(params)
+    text = Path(params).read_text(encoding="utf-8") if Path(str(params)).is_file() else str(params)
+    loaded = yaml.safe_load(text)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"params must be a mapping (a YAML file with sections), got {type(loaded).__name__}")
+    return loaded
+
+
+class Client:
+    """A weightstream service. ``url`` and ``token`` default to WEIGHTSTREAM_URL and WEIGHTSTREAM_TOKEN."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self.url = (url or os.environ.get("WEIGHTSTREAM_URL") or "http://127.0.0.1:8080").rstrip("/")
+        token = token or os.environ.get("WEIGHTSTREAM_TOKEN")
+        if not token:
+            raise ValueError("no API token: pass token=... or set WEIGHTSTREAM_TOKEN")
+        self._http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ApiError(0, "unreachable", f"cannot reach {self.url}: {e}") from e
+        if r.status_code >= 400:
+            try:
+                err = r.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                err = {"code": "http_error", "message": r.text[:500] or r.reason_phrase}
+            raise ApiError(
+                r.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
+            )
+        return r
+
+    def submit(
+        self,
+        params: Mapping[str, Any] | str | Path,
+        num_csx: int,
+        labels: Mapping[str, str] | None = None,
+        priority: int = 2,
+    ) -> Job:
+        body = {
+            "params": load_params(params),
+            "num_csx": num_csx,
+            "labels": dict(labels or {}),
+            "priority": priority,
+        }
+        return Job(self, self.request("POST", "/v1/jobs", json=body).json()["id"])
+
+    def jobs(
+        self, status: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        query: list[tuple[str, str]] = [("status", status)] if status else []
+        query += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return self.request("GET", "/v1/jobs", params=query).json()["jobs"]
+
+    def job(self, job_id: str) -> Job:
+        job = Job(self, job_id)
+        job.info()  # raises ApiError 404 for an unknown id
+        return job
+
+
+class Job:
+    """A handle on one job of a service."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client, self.id = client, job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def info(self) -> dict[str, Any]:
+        return self.client.request("GET", f"/v1/jobs/{self.id}").json()
+
+    def status(self) -> str:
+        return self.info()["status"]
+
+    def metrics(self) -> dict[str, list[dict[str, Any]]]:
+        return self.client.request("GET", f"/v1/jobs/{self.id}/metrics").json()
+
+    def logs(self, tail: int | None = None) -> str:
+        return self.client.request(
+            "GET", f"/v1/jobs/{self.id}/logs", params={"tail": tail} if tail else {}
+        ).text
+
+    def cancel(self) -> dict[str, Any]:
+        return self.client.request("DELETE", f"/v1/jobs/{self.id}").json()
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return self.client.request("GET", f"/v1/jobs/{self.id}/checkpoints").json()["checkpoints"]
+
+    def events(self, after: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """Server-sent events as dicts ``{"seq", "kind", **data}``; with ``follow`` until the job ends."""
+        params = {"after": after, "follow": follow}
+        with self.client._http.stream("GET", f"/v1/jobs/{self.id}/events", params=params, timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise ApiError(r.status_code, "http_error", r.text[:500])
+            event: dict[str, Any] = {}
+            for line in r.iter_lines():
+                if not line:
+                    if event:
+                        yield event
+                    event = {}
+                elif line.startswith("id: "):
+                    event["seq"] = int(line[4:])
+                elif line.startswith("event: "):
+                    event["kind"] = line[7:]
+                elif line.startswith("data: "):
+                    event.update(json.loads(line[6:]))
+
+    def wait(
+        self,
+        progress: bool = True,
+        timeout_s: float | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Follow the job until it ends; show a progress bar (rich) unless ``progress=False``.
+        Returns the final record; raises JobFailedError if it failed or was cancelled."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        bar = _ProgressBar(self.id) if progress else None
+        try:
+            for e in self.events():
+                if on_event:
+                    on_event(e)
+                if bar:
+                    bar.update(e)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} still running after {timeout_s}s")
+                if e.get("kind") == "status" and e.get("status") in TERMINAL:
+                    break
+        finally:
+            if bar:
+                bar.close()
+        info = self.info()
+        if info["status"] != "succeeded":
+            raise JobFailedError(info)
+        return info
+
+    def download(self, directory: str | Path, step: int | None = None) -> Path:
+        """Download a checkpoint (the last one unless ``step``) into ``directory``; returns its path.
+        Files are written to a temporary name and renamed when complete."""
+        cps = self.checkpoints()
+        if not cps:
+            raise ApiError(404, "not_found", f"job {self.id} has no checkpoint yet")
+        cp = cps[-1] if step is None else next((c for c in cps if c["step"] == step), None)
+        if cp is None:
+            raise ApiError(
+                404,
+                "not_found",
+                f"job {self.id} has no checkpoint at step {step}; has {[c['step'] for c in cps]}",
+            )
+        out = Path(directory) / f"checkpoint_{cp['step']}"
+        out.mkdir(parents=True, exist_ok=True)
+        for f in cp["files"]:
+            tmp = out / (f["name"] + ".partial")
+            url = f"/v1/jobs/{self.id}/checkpoints/{cp['step']}/files/{f['name']}"
+            with self.client._http.stream("GET", url, timeout=None) as r, open(tmp, "wb") as fh:
+                if r.status_code >= 400:
+                    raise ApiError(r.status_code, "http_error", f"download of {f['name']} failed")
+                for chunk in r.iter_bytes(1 << 20):
+                    fh.write(chunk)
+            if tmp.stat().st_size != f["size"]:
+                raise ApiError(0, "incomplete", f"{f['name']}: got {tmp.stat().st_size} of {f['size']} bytes")
+            tmp.replace(out / f["name"])
+        return out
+
+
+class _ProgressBar:
+    def __init__(self, job_id: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(
+            TextColumn(f"[bold]{job_id}"),
+            TextColumn("{task.fields[status]}"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        )
+        self.task = self.p.add_task("job", total=None, status="", info="")
+        self.p.start()
+
+    def update(self, e: dict[str, Any]) -> None:
+        if e.get("kind") == "status":
+            self.p.update(self.task, status=e.get("status", ""))
+        elif e.get("kind") == "step":
+            info = f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
+            self.p.update(
+                self.task, total=e.get("max_steps"), completed=e["step"], status="running", info=info
+            )
+        elif e.get("kind") == "eval":
+            self.p.console.print(f"step {e['step']}: eval_loss {e['eval_loss']:.4f}")
+
+    def close(self) -> None:
+        self.p.stop()
