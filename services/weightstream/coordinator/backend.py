@@ -155,9 +155,6 @@ class LocalProcessBackend:
                 out.append(f"{role.name} (pid {p.pid}) {describe_exit(rc)}; its log: {log}")
         return out
 
-    def pids(self) -> dict[str, int]:
-        return {r.name: p.pid for r, p in self.procs.items()}
-
     def stop(self, grace_s: float = 3.0) -> None:
         self._stopping = True
         for p in self.procs.values():

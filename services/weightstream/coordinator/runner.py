@@ -90,7 +90,6 @@ class JobRunner:
         self._pool = ThreadPoolExecutor(
             max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord"
         )
-        self.names: dict[str, list[str]] = {}
         self._cancelled = threading.Event()
         self.log = log.getChild(job_id)  # one logger per job: a service runs several at once
 
