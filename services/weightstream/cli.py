@@ -153,6 +153,9 @@ def run(
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="REST port")] = 8080,
+    grpc_port: Annotated[
+        int, typer.Option("--grpc-port", help="the coordinator's gRPC port; 0 picks one")
+    ] = 50050,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="job store and every job's model_dir")] = Path(
         "./weightstream-data"
     ),
@@ -167,6 +170,7 @@ def serve(
     import uvicorn
 
     from weightstream.coordinator.api import create_app
+    from weightstream.coordinator.grpc_api import serve_grpc
     from weightstream.coordinator.service import JobService, ServiceConfig
 
     if not token:
@@ -174,10 +178,15 @@ def serve(
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     service = JobService(ServiceConfig(data_dir.resolve(), slots))
-    out.print(f"weightstream service on http://{host}:{port} ({slots} CS-2 slots, data in {data_dir})")
+    grpc_server, bound = serve_grpc(service, token, f"{host}:{grpc_port}")
+    out.print(
+        f"weightstream service: REST http://{host}:{port}, gRPC {host}:{bound}, {slots} CS-2 slots, "
+        f"data in {data_dir}"
+    )
     try:
         uvicorn.run(create_app(service, token), host=host, port=port, log_level="warning")
     finally:
+        grpc_server.stop(grace=2)
         service.shutdown()
 
 

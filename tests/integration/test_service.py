@@ -48,12 +48,15 @@ class Service:
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "WEIGHTSTREAM_TOKEN": TOKEN}
         log = open(self.data_dir.parent / f"serve-{port}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.grpc_port = _free_port()
         self.proc = subprocess.Popen(
             [
                 *weightstream_cmd(),
                 "serve",
                 "--port",
                 str(port),
+                "--grpc-port",
+                str(self.grpc_port),
                 "--data-dir",
                 str(self.data_dir),
                 "--slots",
@@ -298,3 +301,45 @@ def test_openapi_fuzzing_finds_no_server_error(service: Service) -> None:
             case.call_and_validate(base_url=service.url, headers=headers, checks=wanted, timeout=30)
 
         check()
+
+
+def test_coordinator_grpc_api(service: Service) -> None:
+    import grpc
+
+    from weightstream.proto import weightstream_pb2 as pb
+    from weightstream.proto import weightstream_pb2_grpc as rpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = rpc.CoordinatorStub(channel)
+        auth = (("authorization", f"Bearer {TOKEN}"),)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ListJobs(pb.ListJobsRequest(), metadata=(("authorization", "Bearer nope"),), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+            bad = {**TINY, "model": {**TINY["model"], "num_heads": 3}}
+            stub.SubmitJob(
+                pb.SubmitJobRequest(params_json=json.dumps(bad), num_csx=1), metadata=auth, timeout=10
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model.hidden_size" in e.value.details()
+        reply = stub.SubmitJob(
+            pb.SubmitJobRequest(
+                params_json=json.dumps(_params(max_steps=2)), num_csx=1, labels={"via": "grpc"}
+            ),
+            metadata=auth,
+            timeout=10,
+        )
+        job = json.loads(reply.job_json)
+        kinds = [
+            ev.kind for ev in stub.WatchJob(pb.WatchJobRequest(job_id=job["id"]), metadata=auth, timeout=120)
+        ]
+        assert "step" in kinds and "checkpoint" in kinds
+        done = json.loads(stub.GetJob(pb.JobRequest(job_id=job["id"]), metadata=auth, timeout=10).job_json)
+        assert done["status"] == "succeeded" and done["labels"] == {"via": "grpc"}
+        listed = stub.ListJobs(pb.ListJobsRequest(labels={"via": "grpc"}), metadata=auth, timeout=10).job_json
+        assert [json.loads(j)["id"] for j in listed] == [job["id"]]
+        with pytest.raises(grpc.RpcError) as e:
+            stub.CancelJob(pb.JobRequest(job_id=job["id"]), metadata=auth, timeout=10)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetJob(pb.JobRequest(job_id="nope"), metadata=auth, timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND

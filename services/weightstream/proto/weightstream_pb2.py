@@ -25,13 +25,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%weightstream/proto/weightstream.proto\x12\x0fweightstream.v1\"G\n\nStreamHead\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04unit\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\x05\"i\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\x12\r\n\x05\x63rc32\x18\x06 \x01(\r\"\x81\x01\n\x0fTensorSetHeader\x12)\n\x04head\x18\x01 \x01(\x0b\x32\x1b.weightstream.v1.StreamHead\x12.\n\x07tensors\x18\x02 \x03(\x0b\x32\x1d.weightstream.v1.TensorHeader\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\"\x1a\n\x0bTensorChunk\x12\x0b\n\x03raw\x18\x01 \x01(\x0c\"\x07\n\x05\x45mpty\"\x16\n\x03\x41\x63k\x12\x0f\n\x07message\x18\x01 \x01(\t\"K\n\x0bHealthReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x12\n\nconfigured\x18\x03 \x01(\x08\x12\r\n\x05index\x18\x04 \x01(\x05\"$\n\x10\x43onfigureRequest\x12\x10\n\x08job_json\x18\x01 \x01(\t\",\n\rTensorRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05names\x18\x02 \x03(\t\"\x1b\n\x0bStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x1b\n\tNormReply\x12\x0e\n\x06sq_sum\x18\x01 \x01(\x01\"G\n\rUpdateRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x11\n\tclip_coef\x18\x03 \x01(\x01\"`\n\x11\x43heckpointRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x11\n\tdirectory\x18\x02 \x01(\t\x12\x12\n\nmodel_file\x18\x03 \x01(\t\x12\x16\n\x0eoptimizer_file\x18\x04 \x01(\t\"<\n\x0f\x43heckpointReply\x12\x14\n\x0ctensor_names\x18\x01 \x03(\t\x12\x13\n\x0bstate_names\x18\x02 \x03(\t\"8\n\x0bUnitRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04unit\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\x05\"\x1e\n\x0eRunStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"g\n\x0cRunStepReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\x05 \x01(\x03\"*\n\x0b\x45valRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\x05\"\x19\n\tEvalReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\"P\n\x0c\x42\x61tchRequest\x12\r\n\x05split\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06worker\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x32\xc9\x01\n\x07\x43ontrol\x12>\n\x06Health\x12\x16.weightstream.v1.Empty\x1a\x1c.weightstream.v1.HealthReply\x12\x44\n\tConfigure\x12!.weightstream.v1.ConfigureRequest\x1a\x14.weightstream.v1.Ack\x12\x38\n\x08Shutdown\x12\x16.weightstream.v1.Empty\x1a\x14.weightstream.v1.Ack2\x83\x03\n\x07MemoryX\x12L\n\nGetTensors\x12\x1e.weightstream.v1.TensorRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x12\x45\n\rPushGradients\x12\x1c.weightstream.v1.TensorChunk\x1a\x14.weightstream.v1.Ack(\x01\x12\x46\n\nGradNormSq\x12\x1c.weightstream.v1.StepRequest\x1a\x1a.weightstream.v1.NormReply\x12\x43\n\x0b\x41pplyUpdate\x12\x1e.weightstream.v1.UpdateRequest\x1a\x14.weightstream.v1.Ack\x12V\n\x0eSaveCheckpoint\x12\".weightstream.v1.CheckpointRequest\x1a .weightstream.v1.CheckpointReply2\x98\x01\n\x06SwarmX\x12G\n\x07GetUnit\x12\x1c.weightstream.v1.UnitRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x12\x45\n\rPushGradients\x12\x1c.weightstream.v1.TensorChunk\x1a\x14.weightstream.v1.Ack(\x01\x32\x99\x01\n\x06Worker\x12I\n\x07RunStep\x12\x1f.weightstream.v1.RunStepRequest\x1a\x1d.weightstream.v1.RunStepReply\x12\x44\n\x08\x45valuate\x12\x1c.weightstream.v1.EvalRequest\x1a\x1a.weightstream.v1.EvalReply2W\n\nActivation\x12I\n\x08GetBatch\x12\x1d.weightstream.v1.BatchRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%weightstream/proto/weightstream.proto\x12\x0fweightstream.v1\"G\n\nStreamHead\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04unit\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\x05\"i\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\x12\r\n\x05\x63rc32\x18\x06 \x01(\r\"\x81\x01\n\x0fTensorSetHeader\x12)\n\x04head\x18\x01 \x01(\x0b\x32\x1b.weightstream.v1.StreamHead\x12.\n\x07tensors\x18\x02 \x03(\x0b\x32\x1d.weightstream.v1.TensorHeader\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\"\x1a\n\x0bTensorChunk\x12\x0b\n\x03raw\x18\x01 \x01(\x0c\"\x07\n\x05\x45mpty\"\x16\n\x03\x41\x63k\x12\x0f\n\x07message\x18\x01 \x01(\t\"K\n\x0bHealthReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x12\n\nconfigured\x18\x03 \x01(\x08\x12\r\n\x05index\x18\x04 \x01(\x05\"$\n\x10\x43onfigureRequest\x12\x10\n\x08job_json\x18\x01 \x01(\t\",\n\rTensorRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05names\x18\x02 \x03(\t\"\x1b\n\x0bStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x1b\n\tNormReply\x12\x0e\n\x06sq_sum\x18\x01 \x01(\x01\"G\n\rUpdateRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x11\n\tclip_coef\x18\x03 \x01(\x01\"`\n\x11\x43heckpointRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x11\n\tdirectory\x18\x02 \x01(\t\x12\x12\n\nmodel_file\x18\x03 \x01(\t\x12\x16\n\x0eoptimizer_file\x18\x04 \x01(\t\"<\n\x0f\x43heckpointReply\x12\x14\n\x0ctensor_names\x18\x01 \x03(\t\x12\x13\n\x0bstate_names\x18\x02 \x03(\t\"8\n\x0bUnitRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04unit\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\x05\"\x1e\n\x0eRunStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"g\n\x0cRunStepReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\x05 \x01(\x03\"*\n\x0b\x45valRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\x05\"\x19\n\tEvalReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\"P\n\x0c\x42\x61tchRequest\x12\r\n\x05split\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06worker\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\"\xb8\x01\n\x10SubmitJobRequest\x12\x13\n\x0bparams_json\x18\x01 \x01(\t\x12\x0f\n\x07num_csx\x18\x02 \x01(\x05\x12=\n\x06labels\x18\x03 \x03(\x0b\x32-.weightstream.v1.SubmitJobRequest.LabelsEntry\x12\x10\n\x08priority\x18\x04 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1c\n\nJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8e\x01\n\x0fListJobsRequest\x12\x0e\n\x06status\x18\x01 \x01(\t\x12<\n\x06labels\x18\x02 \x03(\x0b\x32,.weightstream.v1.ListJobsRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1c\n\x08JobReply\x12\x10\n\x08job_json\x18\x01 \x01(\t\"!\n\rListJobsReply\x12\x10\n\x08job_json\x18\x01 \x03(\t\"0\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x03\"8\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t2\xc9\x01\n\x07\x43ontrol\x12>\n\x06Health\x12\x16.weightstream.v1.Empty\x1a\x1c.weightstream.v1.HealthReply\x12\x44\n\tConfigure\x12!.weightstream.v1.ConfigureRequest\x1a\x14.weightstream.v1.Ack\x12\x38\n\x08Shutdown\x12\x16.weightstream.v1.Empty\x1a\x14.weightstream.v1.Ack2\x83\x03\n\x07MemoryX\x12L\n\nGetTensors\x12\x1e.weightstream.v1.TensorRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x12\x45\n\rPushGradients\x12\x1c.weightstream.v1.TensorChunk\x1a\x14.weightstream.v1.Ack(\x01\x12\x46\n\nGradNormSq\x12\x1c.weightstream.v1.StepRequest\x1a\x1a.weightstream.v1.NormReply\x12\x43\n\x0b\x41pplyUpdate\x12\x1e.weightstream.v1.UpdateRequest\x1a\x14.weightstream.v1.Ack\x12V\n\x0eSaveCheckpoint\x12\".weightstream.v1.CheckpointRequest\x1a .weightstream.v1.CheckpointReply2\x98\x01\n\x06SwarmX\x12G\n\x07GetUnit\x12\x1c.weightstream.v1.UnitRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x12\x45\n\rPushGradients\x12\x1c.weightstream.v1.TensorChunk\x1a\x14.weightstream.v1.Ack(\x01\x32\x99\x01\n\x06Worker\x12I\n\x07RunStep\x12\x1f.weightstream.v1.RunStepRequest\x1a\x1d.weightstream.v1.RunStepReply\x12\x44\n\x08\x45valuate\x12\x1c.weightstream.v1.EvalRequest\x1a\x1a.weightstream.v1.EvalReply2W\n\nActivation\x12I\n\x08GetBatch\x12\x1d.weightstream.v1.BatchRequest\x1a\x1c.weightstream.v1.TensorChunk0\x01\x32\xf8\x02\n\x0b\x43oordinator\x12I\n\tSubmitJob\x12!.weightstream.v1.SubmitJobRequest\x1a\x19.weightstream.v1.JobReply\x12@\n\x06GetJob\x12\x1b.weightstream.v1.JobRequest\x1a\x19.weightstream.v1.JobReply\x12L\n\x08ListJobs\x12 .weightstream.v1.ListJobsRequest\x1a\x1e.weightstream.v1.ListJobsReply\x12\x43\n\tCancelJob\x12\x1b.weightstream.v1.JobRequest\x1a\x19.weightstream.v1.JobReply\x12I\n\x08WatchJob\x12 .weightstream.v1.WatchJobRequest\x1a\x19.weightstream.v1.JobEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'weightstream.proto.weightstream_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SUBMITJOBREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_STREAMHEAD']._serialized_start=58
   _globals['_STREAMHEAD']._serialized_end=129
   _globals['_TENSORHEADER']._serialized_start=131
@@ -72,14 +76,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVALREPLY']._serialized_end=1147
   _globals['_BATCHREQUEST']._serialized_start=1149
   _globals['_BATCHREQUEST']._serialized_end=1229
-  _globals['_CONTROL']._serialized_start=1232
-  _globals['_CONTROL']._serialized_end=1433
-  _globals['_MEMORYX']._serialized_start=1436
-  _globals['_MEMORYX']._serialized_end=1823
-  _globals['_SWARMX']._serialized_start=1826
-  _globals['_SWARMX']._serialized_end=1978
-  _globals['_WORKER']._serialized_start=1981
-  _globals['_WORKER']._serialized_end=2134
-  _globals['_ACTIVATION']._serialized_start=2136
-  _globals['_ACTIVATION']._serialized_end=2223
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1232
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1416
+  _globals['_SUBMITJOBREQUEST_LABELSENTRY']._serialized_start=1371
+  _globals['_SUBMITJOBREQUEST_LABELSENTRY']._serialized_end=1416
+  _globals['_JOBREQUEST']._serialized_start=1418
+  _globals['_JOBREQUEST']._serialized_end=1446
+  _globals['_LISTJOBSREQUEST']._serialized_start=1449
+  _globals['_LISTJOBSREQUEST']._serialized_end=1591
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_start=1371
+  _globals['_LISTJOBSREQUEST_LABELSENTRY']._serialized_end=1416
+  _globals['_JOBREPLY']._serialized_start=1593
+  _globals['_JOBREPLY']._serialized_end=1621
+  _globals['_LISTJOBSREPLY']._serialized_start=1623
+  _globals['_LISTJOBSREPLY']._serialized_end=1656
+  _globals['_WATCHJOBREQUEST']._serialized_start=1658
+  _globals['_WATCHJOBREQUEST']._serialized_end=1706
+  _globals['_JOBEVENT']._serialized_start=1708
+  _globals['_JOBEVENT']._serialized_end=1764
+  _globals['_CONTROL']._serialized_start=1767
+  _globals['_CONTROL']._serialized_end=1968
+  _globals['_MEMORYX']._serialized_start=1971
+  _globals['_MEMORYX']._serialized_end=2358
+  _globals['_SWARMX']._serialized_start=2361
+  _globals['_SWARMX']._serialized_end=2513
+  _globals['_WORKER']._serialized_start=2516
+  _globals['_WORKER']._serialized_end=2669
+  _globals['_ACTIVATION']._serialized_start=2671
+  _globals['_ACTIVATION']._serialized_end=2758
+  _globals['_COORDINATOR']._serialized_start=2761
+  _globals['_COORDINATOR']._serialized_end=3137
 # @@protoc_insertion_point(module_scope)

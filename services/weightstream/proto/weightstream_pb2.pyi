@@ -184,3 +184,73 @@ class BatchRequest(_message.Message):
     worker: int
     num_workers: int
     def __init__(self, split: _Optional[str] = ..., step: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("params_json", "num_csx", "labels", "priority")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    NUM_CSX_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    params_json: str
+    num_csx: int
+    labels: _containers.ScalarMap[str, str]
+    priority: int
+    def __init__(self, params_json: _Optional[str] = ..., num_csx: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("status", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class JobReply(_message.Message):
+    __slots__ = ("job_json",)
+    JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_json: str
+    def __init__(self, job_json: _Optional[str] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("job_json",)
+    JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id", "after")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    after: int
+    def __init__(self, job_id: _Optional[str] = ..., after: _Optional[int] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("seq", "kind", "data_json")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: str
+    data_json: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...

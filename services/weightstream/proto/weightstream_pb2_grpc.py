@@ -733,3 +733,248 @@ class Activation:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinatorStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SubmitJob = channel.unary_unary(
+                '/weightstream.v1.Coordinator/SubmitJob',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/weightstream.v1.Coordinator/GetJob',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/weightstream.v1.Coordinator/ListJobs',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/weightstream.v1.Coordinator/CancelJob',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/weightstream.v1.Coordinator/WatchJob',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobEvent.FromString,
+                _registered_method=True)
+
+
+class CoordinatorServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def SubmitJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """ends when the job has finished
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.SubmitJobRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.ListJobsRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.ListJobsReply.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'weightstream.v1.Coordinator', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('weightstream.v1.Coordinator', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Coordinator:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/SubmitJob',
+            weightstream_dot_proto_dot_weightstream__pb2.SubmitJobRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/GetJob',
+            weightstream_dot_proto_dot_weightstream__pb2.JobRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/ListJobs',
+            weightstream_dot_proto_dot_weightstream__pb2.ListJobsRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/CancelJob',
+            weightstream_dot_proto_dot_weightstream__pb2.JobRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/WatchJob',
+            weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
