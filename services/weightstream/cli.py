@@ -190,6 +190,49 @@ def serve(
         service.shutdown()
 
 
+@app.command("plan")
+def plan_command(
+    params: ParamsArg,
+    num_csx: NumCsx = None,
+    backend: Annotated[str, typer.Option(help="local or kubernetes")] = "local",
+    output: Annotated[str, typer.Option("--output", "-o", help="yaml or json")] = "yaml",
+    namespace: Annotated[str, typer.Option(help="kubernetes: namespace")] = "default",
+    image: Annotated[str, typer.Option(help="kubernetes: the weightstream image")] = "weightstream:dev",
+    job_id: Annotated[str, typer.Option("--job-id", help="kubernetes: the job id used in names")] = "preview",
+) -> None:
+    """Print what a job would start: the plan, or with --backend kubernetes every manifest."""
+    import json as json_lib
+
+    import yaml
+
+    from weightstream.coordinator.manifests import ClusterConfig, job_manifests, role_addresses
+    from weightstream.plan import make_plan
+
+    if backend not in ("local", "kubernetes") or output not in ("yaml", "json"):
+        err.print("[red]error:[/red] --backend must be local or kubernetes, --output yaml or json")
+        raise typer.Exit(2)
+    p = _load(params, num_csx=num_csx)
+    model = model_def(p)
+    the_plan = make_plan(p, model)
+    if backend == "kubernetes":
+        cluster = ClusterConfig(namespace=namespace, image=image)
+        docs: list[Any] = job_manifests(job_id, p, model, the_plan, cluster)
+    else:
+        units = [
+            {"unit": u.name, "shard": the_plan.unit_shard[i], "bytes": model.unit_bytes(i)}
+            for i, u in enumerate(model.units)
+        ]
+        docs = [{"roles": the_plan.counts(), "swarmx_tree": the_plan.to_dict()["swarm"], "units": units}]
+    if output == "json":
+        print(json_lib.dumps(docs if backend == "kubernetes" else docs[0], indent=2))
+    else:
+        print(yaml.safe_dump_all(docs, sort_keys=False), end="")
+    if backend == "kubernetes":
+        err.print(
+            f"# roles will reach each other at: {role_addresses(job_id, the_plan, cluster)['memoryx'][0]} ..."
+        )
+
+
 def _role_command(kind: str, what: str) -> None:
     def command(
         host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
