@@ -160,6 +160,17 @@ def serve(
         "./weightstream-data"
     ),
     slots: Annotated[int, typer.Option(min=1, help="CS-2 workers the service may run at once")] = 4,
+    backend: Annotated[str, typer.Option(help="local (processes here) or kubernetes (pods)")] = "local",
+    namespace: Annotated[str, typer.Option(help="kubernetes: where job pods go")] = "default",
+    image: Annotated[
+        str, typer.Option(help="kubernetes: the weightstream image for job pods")
+    ] = "weightstream:dev",
+    data_claim: Annotated[
+        str | None,
+        typer.Option(
+            "--data-claim", help="kubernetes: PVC mounted at /data in job pods (use --data-dir /data)"
+        ),
+    ] = None,
     token: Annotated[
         str | None, typer.Option(envvar="WEIGHTSTREAM_TOKEN", help="API bearer token", show_default=False)
     ] = None,
@@ -171,13 +182,18 @@ def serve(
 
     from weightstream.coordinator.api import create_app
     from weightstream.coordinator.grpc_api import serve_grpc
+    from weightstream.coordinator.manifests import ClusterConfig
     from weightstream.coordinator.service import JobService, ServiceConfig
 
     if not token:
         err.print("[red]error:[/red] set WEIGHTSTREAM_TOKEN (or --token): every /v1 route needs it")
         raise typer.Exit(2)
+    if backend not in ("local", "kubernetes"):
+        err.print(f"[red]error:[/red] --backend must be local or kubernetes, not {backend!r}")
+        raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    service = JobService(ServiceConfig(data_dir.resolve(), slots))
+    cluster = ClusterConfig(namespace=namespace, image=image, data_claim=data_claim)
+    service = JobService(ServiceConfig(data_dir.resolve(), slots, backend, cluster))
     grpc_server, bound = serve_grpc(service, token, f"{host}:{grpc_port}")
     out.print(
         f"weightstream service: REST http://{host}:{port}, gRPC {host}:{bound}, {slots} CS-2 slots, "

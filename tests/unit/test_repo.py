@@ -56,3 +56,12 @@ def test_client_is_light() -> None:
     deps = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[<>=!~ \[]", d)[0].lower() for d in deps}
     assert names == {"httpx", "pyyaml", "typer", "rich"}
+
+
+def test_only_one_module_imports_kubernetes() -> None:
+    """The cluster API stays behind one narrow door (the Kubernetes backend)."""
+    pattern = re.compile(r"^\s*(import kubernetes|from kubernetes\b)", re.MULTILINE)
+    importers = sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "services").rglob("*.py") if pattern.search(p.read_text())
+    )
+    assert importers == ["services/weightstream/coordinator/kubernetes_backend.py"]

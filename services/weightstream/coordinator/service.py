@@ -11,16 +11,16 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from weightstream.coordinator.backend import Backend, LocalProcessBackend
 from weightstream.coordinator.jobstore import TERMINAL, IllegalTransition, Job, JobStore
+from weightstream.coordinator.manifests import ClusterConfig
 from weightstream.coordinator.runner import JobCancelled, JobFailed, JobRunner, job_log
 from weightstream.data import DataError, make_data_processor
-from weightstream.params import ParamsError, Problem, load_params
+from weightstream.params import Params, ParamsError, Problem, load_params
 
 __all__ = ["CapacityError", "JobService", "ServiceConfig"]
 
@@ -36,14 +36,15 @@ class CapacityError(ValueError):
 class ServiceConfig:
     data_dir: Path
     slots: int  # CS-2 the service may run at once, over all jobs
+    backend: str = "local"  # local: processes on this machine; kubernetes: pods in cluster.namespace
+    cluster: ClusterConfig | None = None
 
 
 class JobService:
-    def __init__(self, config: ServiceConfig, backend: Callable[[Path], Backend] | None = None) -> None:
+    def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.jobs_dir = config.data_dir / "jobs"
         self.store = JobStore(config.data_dir / "jobs.sqlite")
-        self._backend = backend or (lambda run_dir: LocalProcessBackend(run_dir))
         self._running: dict[str, JobRunner] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -132,6 +133,20 @@ class JobService:
         thread = threading.Thread(target=self._run, args=(job.id, runner), name=f"job-{job.id}", daemon=True)
         self._threads[job.id] = thread
         thread.start()
+
+    def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
+        if self.config.backend == "kubernetes":
+            from weightstream.coordinator.kubernetes_backend import (
+                KubernetesBackend,
+            )  # only with --backend kubernetes
+
+            def placement(msg: str) -> None:
+                self.store.add_event(job_id, "progress", {"placement": msg})
+
+            return KubernetesBackend(
+                job_id, params, self.config.cluster or ClusterConfig(), on_progress=placement
+            )
+        return LocalProcessBackend(run_dir)
 
     def _run(self, job_id: str, runner: JobRunner) -> None:
         try:

@@ -1,0 +1,186 @@
+"""The Kubernetes backend: a job's roles as pods. The only module of weightstream that imports ``kubernetes``.
+
+It creates what ``manifests.py`` describes (the owner ConfigMap first, so the others can point at its uid),
+reports placement progress ("workers 3/4 running"), turns pod states into failures with the pod's own
+reason (ImagePullBackOff, OOMKilled, Unschedulable, ...) instead of hanging, and deletes the job's objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from weightstream.coordinator.backend import BackendError, RoleSpec
+from weightstream.coordinator.manifests import (
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    ClusterConfig,
+    job_manifests,
+    role_addresses,
+)
+from weightstream.params import Params, model_def
+from weightstream.plan import make_plan
+
+__all__ = ["KubernetesBackend", "default_api", "pod_problem"]
+
+# container waiting reasons that will not fix themselves
+_FATAL_WAITING = {
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+
+
+def default_api() -> client.CoreV1Api:
+    """In a pod: the service account; elsewhere: the current kubeconfig context."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CoreV1Api()
+
+
+def pod_problem(pod: Any) -> str | None:
+    """Why a pod will not serve its role, or None while it is fine (pending normally, or running)."""
+    status = pod.status
+    for cs in status.container_statuses or []:
+        if cs.state and cs.state.waiting and cs.state.waiting.reason in _FATAL_WAITING:
+            return f"{cs.state.waiting.reason}: {cs.state.waiting.message or ''}".rstrip(": ")
+        if cs.state and cs.state.terminated:
+            t = cs.state.terminated
+            return f"terminated: {t.reason or 'Error'} (exit code {t.exit_code})"
+    if status.phase in ("Failed", "Succeeded"):
+        return f"pod {status.phase.lower()}: {status.reason or ''} {status.message or ''}".strip()
+    for cond in status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            return f"Unschedulable: {cond.message or ''}".rstrip(": ")
+    return None
+
+
+def _ready(pod: Any) -> bool:
+    return pod.status.phase == "Running" and any(
+        c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or [])
+    )
+
+
+class KubernetesBackend:
+    def __init__(
+        self,
+        job_id: str,
+        params: Params,
+        cluster: ClusterConfig,
+        api: client.CoreV1Api | None = None,
+        on_progress: Callable[[str], None] | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.job_id, self.params, self.cluster = job_id, params, cluster
+        self.model = model_def(params)
+        self.plan = make_plan(params, self.model)
+        self.api = api or default_api()
+        self.on_progress = on_progress or (lambda msg: None)
+        self.poll_s = poll_s
+        self._stopping = False
+        self._selector = f"{LABEL_JOB}={job_id}"
+
+    # -- Backend -------------------------------------------------------------------------------------------
+    def start(self, roles: list[RoleSpec]) -> None:
+        ns = self.cluster.namespace
+        owner, *_ = job_manifests(self.job_id, self.params, self.model, self.plan, self.cluster)
+        created = self._create(
+            "ConfigMap", owner["metadata"]["name"], self.api.create_namespaced_config_map, owner
+        )
+        docs = job_manifests(
+            self.job_id, self.params, self.model, self.plan, self.cluster, created.metadata.uid
+        )
+        wanted = {(r.kind, r.index) for r in roles}
+        for doc in docs[1:]:
+            labels = doc["metadata"]["labels"]
+            if doc["kind"] == "Service":
+                self._create("Service", doc["metadata"]["name"], self.api.create_namespaced_service, doc)
+            elif (labels[LABEL_ROLE], int(labels[LABEL_INDEX])) in wanted:
+                self._create("Pod", doc["metadata"]["name"], self.api.create_namespaced_pod, doc)
+        self.on_progress(f"created {len(wanted)} pods in namespace {ns}")
+
+    def _create(self, kind: str, name: str, fn: Callable[..., Any], body: dict[str, Any]) -> Any:
+        try:
+            return fn(self.cluster.namespace, body)
+        except ApiException as e:
+            raise BackendError(
+                f"cannot create {kind} {name} in {self.cluster.namespace}: {e.status} {e.reason}"
+            ) from e
+
+    def _pods(self) -> list[Any]:
+        try:
+            return self.api.list_namespaced_pod(self.cluster.namespace, label_selector=self._selector).items
+        except ApiException as e:
+            raise BackendError(f"cannot list the job's pods: {e.status} {e.reason}") from e
+
+    def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            if self._stopping:
+                raise BackendError("stopped while starting")
+            pods = self._pods()
+            problems = self._problems(pods)
+            if problems:
+                raise BackendError("; ".join(problems))
+            counts = self.plan.counts()
+            ready = {
+                k: sum(1 for p in pods if p.metadata.labels.get(LABEL_ROLE) == k and _ready(p))
+                for k in counts
+            }
+            msg = ", ".join(f"{k} {ready[k]}/{n} running" for k, n in counts.items())
+            if msg != last:
+                self.on_progress(msg)
+                last = msg
+            if all(ready[k] == n for k, n in counts.items()):
+                return role_addresses(self.job_id, self.plan, self.cluster)
+            if time.monotonic() > deadline:
+                raise BackendError(f"pods not ready after {timeout_s:.0f}s: {msg}")
+            time.sleep(self.poll_s)
+
+    def _problems(self, pods: list[Any]) -> list[str]:
+        out = []
+        for p in pods:
+            why = pod_problem(p)
+            if why:
+                role = f"{p.metadata.labels.get(LABEL_ROLE)}-{p.metadata.labels.get(LABEL_INDEX)}"
+                out.append(f"{role} (pod {p.metadata.name}) {why}")
+        return out
+
+    def failures(self) -> list[str]:
+        if self._stopping:
+            return []
+        try:
+            return self._problems(self._pods())
+        except BackendError as e:
+            return [str(e)]
+
+    def stop(self) -> None:
+        """Delete the owner (the cluster's garbage collector removes the rest) and the pods themselves,
+        so nothing is left even where ownerReferences are not honoured."""
+        self._stopping = True
+        ns = self.cluster.namespace
+        calls = (
+            lambda: self.api.delete_namespaced_config_map(
+                f"ws-{self.job_id}", ns, propagation_policy="Background"
+            ),
+            lambda: self.api.delete_collection_namespaced_pod(ns, label_selector=self._selector),
+            lambda: self.api.delete_namespaced_service(f"ws-{self.job_id}", ns),
+        )
+        for fn in calls:
+            try:
+                fn()
+            except ApiException as e:
+                if e.status != 404:
+                    raise BackendError(f"cleanup of job {self.job_id} failed: {e.status} {e.reason}") from e

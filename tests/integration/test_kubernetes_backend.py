@@ -1,0 +1,144 @@
+"""The Kubernetes backend against a fake API server speaking the real HTTP API, with the real client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.appliance import TINY
+from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
+from weightstream.coordinator.backend import BackendError, RoleSpec
+from weightstream.coordinator.manifests import ClusterConfig
+from weightstream.params import load_params
+from weightstream.plan import ROLE_KINDS, make_plan
+
+kubernetes = pytest.importorskip(
+    "kubernetes", reason="the kubernetes client is a dependency: pip install -e ."
+)
+from weightstream.coordinator.kubernetes_backend import KubernetesBackend  # noqa: E402
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubernetesAPI]:
+    api = FakeKubernetesAPI()
+    yield api
+    api.close()
+
+
+def _backend(fake: FakeKubernetesAPI, progress: list[str]) -> tuple[KubernetesBackend, list[RoleSpec]]:
+    params = load_params(TINY, overrides={"num_csx": 2})
+    cfg = kubernetes.client.Configuration(host=fake.url)
+    api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    backend = KubernetesBackend(
+        "job1", params, ClusterConfig(), api=api, on_progress=progress.append, poll_s=0.05
+    )
+    plan = make_plan(params)
+    roles = [RoleSpec(k, i) for k in ROLE_KINDS for i in range(plan.counts()[k])]
+    return backend, roles
+
+
+def test_creates_owned_objects_reports_placement_and_cleans_up(fake: FakeKubernetesAPI) -> None:
+    progress: list[str] = []
+    backend, roles = _backend(fake, progress)
+    backend.start(roles)
+    owner = fake.objects[("ConfigMap", "default", "ws-job1")]
+    pods = fake.pods()
+    assert len(pods) == len(roles) == 6
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"] for p in pods)
+
+    def kubelet() -> None:  # pods become ready one by one
+        for p in pods:
+            time.sleep(0.05)
+            fake.set_pod_status(p["metadata"]["name"], running_ready())
+
+    t = threading.Thread(target=kubelet)
+    t.start()
+    addresses = backend.wait_ready(timeout_s=10)
+    t.join()
+    assert addresses["worker"] == [f"worker-{i}.ws-job1.default.svc.cluster.local:50051" for i in range(2)]
+    assert any("worker 1/2 running" in m for m in progress) and "worker 2/2 running" in progress[-1]
+    assert backend.failures() == []
+    backend.stop()
+    assert fake.objects == {}  # owner, service and pods are gone
+
+
+@pytest.mark.parametrize(
+    "status,reason",
+    [
+        (
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "c",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "i",
+                        "imageID": "",
+                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}},
+                    }
+                ],
+            },
+            "ImagePullBackOff",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "c",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "i",
+                        "imageID": "",
+                        "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                    }
+                ],
+            },
+            "OOMKilled",
+        ),
+        (
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/1 nodes have enough memory",
+                    }
+                ],
+            },
+            "Unschedulable",
+        ),
+    ],
+)
+def test_pod_failures_fail_fast_with_the_pods_reason(
+    fake: FakeKubernetesAPI, status: dict, reason: str
+) -> None:
+    backend, roles = _backend(fake, [])
+    backend.start(roles)
+    fake.set_pod_status("ws-job1-worker-1", status)
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as e:
+        backend.wait_ready(timeout_s=30)
+    assert time.monotonic() - t0 < 5, "a pod that cannot run must not make the job wait for the timeout"
+    assert "worker-1" in str(e.value) and reason in str(e.value)
+    for p in fake.pods():  # and once running, a dead pod is a failure naming it
+        fake.set_pod_status(p["metadata"]["name"], running_ready())
+    fake.set_pod_status("ws-job1-memoryx-0", status)
+    assert any("memoryx-0" in f and reason in f for f in backend.failures())
+    backend.stop()
+    assert fake.objects == {}
+
+
+def test_api_errors_are_clear(fake: FakeKubernetesAPI) -> None:
+    backend, roles = _backend(fake, [])
+    backend.start(roles)
+    with pytest.raises(BackendError, match="cannot create ConfigMap ws-job1 in default: 409"):
+        backend.start(roles)  # the same job twice
+    backend.stop()
+    backend.stop()  # idempotent: everything is already gone
