@@ -171,6 +171,10 @@ def serve(
             "--data-claim", help="kubernetes: PVC mounted at /data in job pods (use --data-dir /data)"
         ),
     ] = None,
+    worker_cpu: Annotated[str, typer.Option("--worker-cpu", help="kubernetes: CPU of each worker pod")] = "2",
+    overhead_mib: Annotated[
+        int, typer.Option("--overhead-mib", help="kubernetes: memory added per pod")
+    ] = 512,
     token: Annotated[
         str | None, typer.Option(envvar="WEIGHTSTREAM_TOKEN", help="API bearer token", show_default=False)
     ] = None,
@@ -192,7 +196,13 @@ def serve(
         err.print(f"[red]error:[/red] --backend must be local or kubernetes, not {backend!r}")
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cluster = ClusterConfig(namespace=namespace, image=image, data_claim=data_claim)
+    cluster = ClusterConfig(
+        namespace=namespace,
+        image=image,
+        data_claim=data_claim,
+        worker_cpu=worker_cpu,
+        overhead_mib=overhead_mib,
+    )
     service = JobService(ServiceConfig(data_dir.resolve(), slots, backend, cluster))
     grpc_server, bound = serve_grpc(service, token, f"{host}:{grpc_port}")
     out.print(

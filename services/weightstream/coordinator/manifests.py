@@ -118,6 +118,8 @@ def _pod(
             "hostname": f"{role.kind}-{role.index}",
             "subdomain": _name(job_id),
             "restartPolicy": "Never",  # a role that dies fails the job; the coordinator reports why
+            # the image's non-root user; fsGroup lets it write the shared data volume
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
             "containers": [container],
         },
     }
