@@ -145,7 +145,8 @@ class Job:
         return self.client.request("GET", f"/v1/jobs/{self.id}/checkpoints").json()["checkpoints"]
 
     def events(self, after: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
-        """Server-sent events as dicts ``{"seq", "kind", **data}``; with ``follow`` until the job ends."""
+        """Server-sent events as dicts ``{"seq", "kind", **data}``; with ``follow`` until the job ends.
+        A ``{"kind": "keepalive"}`` comes at least every few seconds while nothing happens."""
         params = {"after": after, "follow": follow}
         with self.client._http.stream("GET", f"/v1/jobs/{self.id}/events", params=params, timeout=None) as r:
             if r.status_code >= 400:
@@ -153,7 +154,9 @@ class Job:
                 raise ApiError(r.status_code, "http_error", r.text[:500])
             event: dict[str, Any] = {}
             for line in r.iter_lines():
-                if not line:
+                if line.startswith(":"):  # the server's keepalive: no event, but time to check deadlines
+                    yield {"kind": "keepalive"}
+                elif not line:
                     if event:
                         yield event
                     event = {}
@@ -176,7 +179,7 @@ class Job:
         bar = _ProgressBar(self.id) if progress else None
         try:
             for e in self.events():
-                if on_event:
+                if on_event and e["kind"] != "keepalive":
                     on_event(e)
                 if bar:
                     bar.update(e)

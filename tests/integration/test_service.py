@@ -135,7 +135,7 @@ def test_library_submit_follow_download_and_check_the_loss(service: Service, tmp
     client = service.client()
     job = client.submit(_params(max_steps=4, num_wgt_servers=2), num_csx=2, labels={"team": "a"})
     events: list[dict[str, Any]] = []
-    info = job.wait(progress=False, on_event=events.append)
+    info = job.wait(progress=False, on_event=events.append, timeout_s=300)
     assert info["status"] == "succeeded"
     assert [h["status"] for h in info["history"]] == ["queued", "running", "succeeded"]
     assert any(e["kind"] == "step" for e in events) and any(e["kind"] == "eval" for e in events)
@@ -171,7 +171,9 @@ def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
             [*wsctl, *args], env=env, capture_output=True, text=True, timeout=180, check=False
         )
 
-    r = run("submit", str(params), "--num_csx", "2", "--follow", "--label", "who=wsctl")
+    r = run(
+        "submit", str(params), "--num_csx", "2", "--follow", "--label", "who=wsctl"
+    )  # 180 s limit in run()
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.split()[0]
     assert f"{job_id} succeeded" in r.stdout

@@ -279,14 +279,21 @@ def create_app(service: JobService, token: str) -> FastAPI:
 
         async def stream() -> AsyncIterator[str]:
             seq = after
+            quiet_since = asyncio.get_running_loop().time()
             while True:
                 for e in service.store.events(job_id, after=seq):
                     seq = e["seq"]
                     data = json.dumps({**e["data"], "at": e["at"]})
                     yield f"id: {seq}\nevent: {e['kind']}\ndata: {data}\n\n"
+                    quiet_since = asyncio.get_running_loop().time()
                 finished = service.is_terminal(job_id) and not service.store.events(job_id, after=seq)
                 if not follow or finished:
                     return
+                if (
+                    asyncio.get_running_loop().time() - quiet_since > 5.0
+                ):  # lets clients check their deadlines
+                    yield ": keepalive\n\n"
+                    quiet_since = asyncio.get_running_loop().time()
                 await asyncio.sleep(0.25)
 
         return StreamingResponse(

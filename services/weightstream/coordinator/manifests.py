@@ -29,7 +29,9 @@ class ClusterConfig:
     namespace: str = "default"
     image: str = "weightstream:dev"
     image_pull_policy: str = "IfNotPresent"
-    data_claim: str | None = None  # a PVC mounted at /data in every pod (model_dirs live there)
+    data_claim: str | None = None  # a PVC mounted at data_mount in every pod (model_dirs live there)
+    data_host_path: str | None = None  # instead of a PVC: a node directory (single-node setups, podman)
+    data_mount: str = "/data"  # must be where the coordinator sees the same files
     worker_cpu: str = "2"
     # added to what the plan needs: the interpreter, numpy, gRPC and buffers in flight
     overhead_mib: int = 512

@@ -115,7 +115,13 @@ class JobService:
                 for job in self.store.queue():  # strict order: the head of the queue is never overtaken
                     if job.num_csx > free:
                         break
-                    self._start(job)
+                    try:
+                        self._start(job)
+                    except Exception as e:  # a job that cannot start fails; the scheduler goes on
+                        log.exception("job %s could not start", job.id)
+                        self._running.pop(job.id, None)
+                        self.store.transition(job.id, "failed", error=f"could not start: {e}")
+                        continue
                     free -= job.num_csx
             self._wake.wait(0.5)
             self._wake.clear()
@@ -125,7 +131,7 @@ class JobService:
         params = load_params(job.params)
         runner = JobRunner(
             params,
-            self._backend(Path(job.model_dir) / "logs"),
+            self._backend(job.id, params, Path(job.model_dir) / "logs"),
             on_event=lambda e, j=job.id: self._on_event(j, e),
             job_id=job.id,
         )
