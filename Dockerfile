@@ -23,8 +23,8 @@ RUN useradd --create-home --uid 10001 weightstream
 USER 10001
 WORKDIR /home/weightstream
 EXPOSE 50051 8080 50050
-# Roles answer gRPC on 50051 and `serve` REST on 8080; Kubernetes pods use the probes in the generated
-# manifests and the chart. This checks the interpreter and the package are intact.
-HEALTHCHECK --interval=30s --timeout=10s CMD ["weightstream", "--version"]
+# Roles answer their Health RPC on 50051 (the generated pods probe it the same way); for `serve`, whose
+# REST API has /healthz, override the check or rely on the chart's probes.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=20s CMD ["weightstream", "health", "--address", "127.0.0.1:50051"]
 ENTRYPOINT ["weightstream"]
 CMD ["--help"]

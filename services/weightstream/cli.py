@@ -259,6 +259,26 @@ def plan_command(
         )
 
 
+@app.command()
+def health(
+    address: Annotated[str, typer.Option(help="a role's gRPC address")] = "127.0.0.1:50051",
+    timeout: Annotated[float, typer.Option(help="seconds")] = 3.0,
+) -> None:
+    """Ask a role for its health over gRPC (exit 0 if it answers): the probe of role pods and containers."""
+    import grpc
+
+    from weightstream.proto import weightstream_pb2 as pb
+    from weightstream.proto import weightstream_pb2_grpc as rpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = rpc.ControlStub(channel).Health(pb.Empty(), timeout=timeout)
+    except grpc.RpcError as e:
+        err.print(f"unhealthy: {address}: {e.code().name}")
+        raise typer.Exit(1) from None
+    out.print(f"{reply.role} pid {reply.pid} {'configured' if reply.configured else 'waiting for its job'}")
+
+
 def _role_command(kind: str, what: str) -> None:
     def command(
         host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,26 @@ def test_train_reference_writes_metrics_and_learns(tmp_path: Path, num_csx: str)
     assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]
     assert any("eval_loss" in row for row in rows)
     assert "done: 100 steps" in r.stdout
+
+
+def test_health_asks_a_live_role(tmp_path: Path) -> None:
+    exe = shutil.which("weightstream")
+    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+    ready = tmp_path / "ready.json"
+    role = subprocess.Popen(
+        [*cmd, "worker", "--port", "0", "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        address = json.loads(ready.read_text())["address"]
+        r = weightstream("health", "--address", address)
+        assert r.returncode == 0 and "worker" in r.stdout and "waiting for its job" in r.stdout
+    finally:
+        role.terminate()
+        role.wait(timeout=10)
+    r = weightstream("health", "--address", address, "--timeout", "1")
+    assert r.returncode == 1 and "unhealthy" in r.stderr

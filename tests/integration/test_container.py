@@ -11,6 +11,7 @@ ordinary ``JobRunner`` in this process.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -46,8 +47,13 @@ def image() -> str:
         pytest.skip("no container engine: run ../shared/tools/container-setup (podman) first")
     if _podman("info", check=False).returncode != 0:
         pytest.skip("podman is installed but cannot run containers here")
-    r = subprocess.run(["podman", "build", "--network", "host", "-t", IMAGE, str(ROOT)], capture_output=True,
-                       text=True, timeout=1500, check=False)  # fmt: skip
+    r = subprocess.run(
+        ["podman", "build", "--network", "host", "-t", IMAGE, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
     assert r.returncode == 0, f"image build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return IMAGE
 
@@ -121,15 +127,22 @@ def test_generated_pods_train_a_two_worker_job(image: str, tmp_path: Path) -> No
         image=image, image_pull_policy="Never", data_host_path=str(data), data_mount=str(data)
     )
     pods = [d for d in job_manifests(job_id, params, model, plan, cluster) if d["kind"] == "Pod"]
+    for pod in pods:  # podman turns containerPorts into host port bindings, which collide between pods;
+        for c in pod["spec"]["containers"]:  # on a cluster they only document the port
+            c.pop("ports")
     manifest = tmp_path / "pods.yaml"
     manifest.write_text(yaml.safe_dump_all(pods))
     network = f"ws-{job_id}"
     _podman("network", "create", network)
     roles = [RoleSpec(k, i) for k in ROLE_KINDS for i in range(plan.counts()[k])]
     backend = PodmanPlayedBackend(manifest, network, roles, job_id)
+    # In a cluster the coordinator and the role pods run as the same user; here the coordinator is this
+    # process, so the directories it creates (checkpoints) must be writable by the pods' user.
+    old_umask = os.umask(0)
     try:
         summary = JobRunner(params, backend, job_id=job_id).run()
     finally:
+        os.umask(old_umask)
         backend.stop()
         _podman("network", "rm", "-f", network, check=False)
     assert summary.final_step == 3 and summary.checkpoint is not None

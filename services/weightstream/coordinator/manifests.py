@@ -100,7 +100,13 @@ def _pod(
         "ports": [{"name": "grpc", "containerPort": ROLE_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}},
-        "readinessProbe": {"tcpSocket": {"port": ROLE_PORT}, "periodSeconds": 2, "failureThreshold": 30},
+        # the role's own Health RPC (answers before the job is configured, so readiness means listening)
+        "readinessProbe": {
+            "exec": {"command": ["weightstream", "health", "--address", f"127.0.0.1:{ROLE_PORT}"]},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 24,
+        },
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "runAsNonRoot": True,
@@ -125,11 +131,14 @@ def _pod(
             "containers": [container],
         },
     }
-    if cluster.data_claim:
-        container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
-        pod["spec"]["volumes"] = [
-            {"name": "data", "persistentVolumeClaim": {"claimName": cluster.data_claim}}
-        ]
+    if cluster.data_claim or cluster.data_host_path:
+        source: dict[str, Any] = (
+            {"persistentVolumeClaim": {"claimName": cluster.data_claim}}
+            if cluster.data_claim
+            else {"hostPath": {"path": cluster.data_host_path, "type": "Directory"}}
+        )
+        container["volumeMounts"] = [{"name": "data", "mountPath": cluster.data_mount}]
+        pod["spec"]["volumes"] = [{"name": "data", **source}]
     return pod
 
 
