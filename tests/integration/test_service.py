@@ -206,6 +206,11 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
         model_dir = Path(long_a.info()["params"]["runconfig"]["model_dir"])
         _wait_for(lambda: len(_role_pids(model_dir)) == 6)
         pids = _role_pids(model_dir)
+        _wait_for(lambda: bool(long_a.metrics()["steps"]))  # it is training
+        scrape = httpx.get(f"{service.url}/metrics").text
+        assert f'weightstream_job_step{{job="{long_a.id}"}}' in scrape
+        for status, n in (("running", 1), ("queued", 2), ("cancelled", 1)):  # `doomed` was cancelled above
+            assert f'weightstream_jobs{{status="{status}"}} {n}.0' in scrape
         long_a.cancel()
         _wait_for(lambda: long_a.status() == "cancelled")
         _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # its processes are gone

@@ -27,3 +27,17 @@ def test_a_job_that_cannot_start_fails_and_the_scheduler_goes_on(tmp_path: Path)
             assert record.status == "failed" and "no cluster credentials" in (record.error or "")
     finally:
         service.shutdown()
+
+
+def test_last_event_is_the_newest_of_its_kind(tmp_path: Path) -> None:
+    from weightstream.coordinator.jobstore import JobStore
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = store.create("j1", {}, 1, {}, 2, tmp_path / "j1")
+    assert store.last_event(job.id, "step") is None
+    for step in (1, 2, 3):
+        store.add_event(job.id, "step", {"step": step})
+        store.add_event(job.id, "eval", {"step": step})
+    last = store.last_event(job.id, "step")
+    assert last is not None and last["data"] == {"step": 3} and last["kind"] == "step"
+    store.close()

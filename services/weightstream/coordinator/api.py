@@ -344,9 +344,9 @@ def _register_metrics(registry: CollectorRegistry, service: JobService) -> None:
                 "weightstream_job_step_time_seconds", "last step time", labels=["job"]
             )
             for job in running:
-                last = service.store.events(job.id, kinds=("step",))[-1:]
+                last = service.store.last_event(job.id, "step")
                 if last:
-                    d = last[0]["data"]
+                    d = last["data"]
                     steps.add_metric([job.id], d["step"])
                     tps.add_metric([job.id], d["tokens_per_second"])
                     step_time.add_metric([job.id], d["step_time_s"])

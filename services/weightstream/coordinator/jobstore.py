@@ -214,6 +214,16 @@ class JobStore:
         with self._tx() as db:
             self._event(db, job_id, kind, data)
 
+    def last_event(self, job_id: str, kind: str) -> dict[str, Any] | None:
+        """The newest event of ``kind`` (one indexed row, however long the job has run)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, at, kind, data FROM events WHERE job_id = ? AND kind = ? "
+                "ORDER BY seq DESC LIMIT 1",
+                (job_id, kind),
+            ).fetchone()
+        return {"seq": row[0], "at": row[1], "kind": row[2], "data": json.loads(row[3])} if row else None
+
     def events(
         self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None
     ) -> list[dict[str, Any]]:
