@@ -49,6 +49,11 @@ class Plan:
     def worker_activation(self, worker: int) -> int:
         return worker % self.num_act_servers
 
+    def roles(self) -> list[tuple[str, int]]:
+        """Every role of the job as (kind, index), in start order (MemoryX first, workers last)."""
+        counts = self.counts()
+        return [(kind, i) for kind in ROLE_KINDS for i in range(counts[kind])]
+
     def counts(self) -> dict[str, int]:
         return {
             "memoryx": self.num_wgt_servers,

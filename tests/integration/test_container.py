@@ -27,7 +27,7 @@ from weightstream.coordinator.backend import BackendError, RoleSpec
 from weightstream.coordinator.manifests import ClusterConfig, job_manifests, pod_name
 from weightstream.coordinator.runner import JobRunner
 from weightstream.params import load_params, model_def
-from weightstream.plan import ROLE_KINDS, make_plan
+from weightstream.plan import make_plan
 
 pytestmark = pytest.mark.container
 ROOT = Path(__file__).parents[2]
@@ -134,7 +134,7 @@ def test_generated_pods_train_a_two_worker_job(image: str, tmp_path: Path) -> No
     manifest.write_text(yaml.safe_dump_all(pods))
     network = f"ws-{job_id}"
     _podman("network", "create", network)
-    roles = [RoleSpec(k, i) for k in ROLE_KINDS for i in range(plan.counts()[k])]
+    roles = [RoleSpec(k, i) for k, i in plan.roles()]
     backend = PodmanPlayedBackend(manifest, network, roles, job_id)
     # In a cluster the coordinator and the role pods run as the same user; here the coordinator is this
     # process, so the directories it creates (checkpoints) must be writable by the pods' user.

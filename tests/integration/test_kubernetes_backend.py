@@ -13,7 +13,7 @@ from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
 from weightstream.coordinator.backend import BackendError, RoleSpec
 from weightstream.coordinator.manifests import ClusterConfig
 from weightstream.params import load_params
-from weightstream.plan import ROLE_KINDS, make_plan
+from weightstream.plan import make_plan
 
 kubernetes = pytest.importorskip(
     "kubernetes", reason="the kubernetes client is a dependency: pip install -e ."
@@ -36,7 +36,7 @@ def _backend(fake: FakeKubernetesAPI, progress: list[str]) -> tuple[KubernetesBa
         "job1", params, ClusterConfig(), api=api, on_progress=progress.append, poll_s=0.05
     )
     plan = make_plan(params)
-    roles = [RoleSpec(k, i) for k in ROLE_KINDS for i in range(plan.counts()[k])]
+    roles = [RoleSpec(k, i) for k, i in plan.roles()]
     return backend, roles
 
 

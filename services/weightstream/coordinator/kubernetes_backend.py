@@ -90,6 +90,7 @@ class KubernetesBackend:
         self.poll_s = poll_s
         self._stopping = False
         self._selector = f"{LABEL_JOB}={job_id}"
+        self._checked: tuple[float, list[str]] = (float("-inf"), [])  # when failures() last asked, and what
 
     # -- Backend -------------------------------------------------------------------------------------------
     def start(self, roles: list[RoleSpec]) -> None:
@@ -159,12 +160,19 @@ class KubernetesBackend:
         return out
 
     def failures(self) -> list[str]:
+        """Asked several times a second while calls are in flight; the API server is asked at most once
+        per ``poll_s`` (a pod's death still shows within that)."""
         if self._stopping:
             return []
+        at, found = self._checked
+        if time.monotonic() - at < self.poll_s:
+            return found
         try:
-            return self._problems(self._pods())
+            found = self._problems(self._pods())
         except BackendError as e:
-            return [str(e)]
+            found = [str(e)]
+        self._checked = (time.monotonic(), found)
+        return found
 
     def stop(self) -> None:
         """Delete the owner (the cluster's garbage collector removes the rest) and the pods themselves,

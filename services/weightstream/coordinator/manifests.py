@@ -15,7 +15,7 @@ from typing import Any
 from weightstream.coordinator.backend import STREAMING_MALLOC_ENV, RoleSpec
 from weightstream.numerics import ModelDef
 from weightstream.params import Params
-from weightstream.plan import ROLE_KINDS, Plan
+from weightstream.plan import Plan
 
 __all__ = ["ClusterConfig", "job_manifests", "pod_name", "role_addresses"]
 
@@ -184,5 +184,5 @@ def job_manifests(
             "ports": [{"name": "grpc", "port": ROLE_PORT, "targetPort": ROLE_PORT}],
         },
     }
-    roles = [RoleSpec(kind, i) for kind in ROLE_KINDS for i in range(plan.counts()[kind])]
+    roles = [RoleSpec(kind, i) for kind, i in plan.roles()]
     return [owner_cm, service, *(_pod(job_id, r, params, model, plan, cluster, owner) for r in roles)]

@@ -140,8 +140,8 @@ class JobRunner:
         if resume:
             self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
-        roles = [RoleSpec(kind, i) for kind in ROLE_KINDS for i in range(self.plan.counts()[kind])]
-        self._emit("status", status="starting", roles={k: v for k, v in self.plan.counts().items()})
+        roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
+        self._emit("status", status="starting", roles=self.plan.counts())
         try:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled before it started")
@@ -164,7 +164,6 @@ class JobRunner:
 
     def _configure(self, resume_dir: str | None) -> None:
         params = self.params.model_dump(mode="json")
-        self.stubs: dict[str, list[Any]] = {}
         for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
             controls = [rpc.ControlStub(open_channel(a)) for a in self.addresses[kind]]
 

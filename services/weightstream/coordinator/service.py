@@ -111,7 +111,7 @@ class JobService:
     def _schedule(self) -> None:
         while not self._stopped.is_set():
             with self._lock:
-                free = self.config.slots - sum(self.store.get(j).num_csx for j in self._running)
+                free = self.config.slots - sum(r.rc.num_csx for r in self._running.values())
                 for job in self.store.queue():  # strict order: the head of the queue is never overtaken
                     if job.num_csx > free:
                         break
