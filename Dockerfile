@@ -12,7 +12,8 @@ RUN python3 -m venv /opt/weightstream
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
-RUN /opt/weightstream/bin/pip install --no-cache-dir --only-binary=:all: . \
+# the kubernetes extra: `serve --backend kubernetes` (the Helm chart's coordinator) runs from this image
+RUN /opt/weightstream/bin/pip install --no-cache-dir --only-binary=:all: ".[kubernetes]" \
  && /opt/weightstream/bin/pip uninstall -y pip \
  && find /opt/weightstream -name '__pycache__' -prune -exec rm -rf {} +
 

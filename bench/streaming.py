@@ -26,12 +26,13 @@ import grpc
 import numpy as np
 import yaml
 
-from weightstream.coordinator.backend import LocalProcessBackend, RoleSpec
+from weightstream.backends.base import RoleSpec
+from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
-from weightstream.reference import ReferenceTrainer
+from weightstream.training.reference import ReferenceTrainer
 from weightstream.transport.rpc import OPTIONS, open_channel, tensors_out_client
 from weightstream.transport.tensors import read_messages
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,7 +12,6 @@ from rich.console import Console
 from weightstream import __version__
 from weightstream.data import DataError
 from weightstream.params import Params, ParamsError, load_params, model_def
-from weightstream.progress import step_progress
 
 app = typer.Typer(
     help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
@@ -81,55 +78,14 @@ def train_reference(
     ] = None,
 ) -> None:
     """Train in this one process with every weight resident (the numpy reference the appliance must match)."""
-    from weightstream.reference import ReferenceTrainer  # keeps `--help` fast
+    from weightstream.console import train_reference as run_reference  # keeps `--help` fast
 
     p = _load(params, num_csx=num_csx, max_steps=max_steps)
-    rc = p.runconfig
     try:
-        trainer = ReferenceTrainer(p)
+        run_reference(p, out, metrics)
     except DataError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    sink = metrics.open("w", encoding="utf-8") if metrics else None
-    out.print(
-        f"training {p.model.name} ({trainer.model.num_params:,} parameters) for {rc.max_steps} steps, "
-        f"global batch {p.train_input.batch_size} split over {trainer.num_shards} shard(s)"
-    )
-    tokens, t0 = 0, time.perf_counter()
-    with step_progress(out) as progress:
-        task = progress.add_task("train", total=rc.max_steps, status="")
-        for _ in range(rc.max_steps):
-            r = trainer.train_step()
-            tokens += r.tokens
-            tps = tokens / (time.perf_counter() - t0)
-            progress.update(task, advance=1, status=f"loss {r.loss:.4f}  {tps:,.0f} tok/s")
-            record: dict[str, Any] | None = None
-            if r.step % rc.log_steps == 0 or r.step == rc.max_steps:
-                record = {
-                    "step": r.step,
-                    "loss": r.loss,
-                    "learning_rate": r.learning_rate,
-                    "grad_norm": r.grad_norm,
-                    "tokens_per_second": tps,
-                    "step_time_s": r.step_time_s,
-                }
-                progress.console.print(
-                    f"step {r.step:>6}  loss {r.loss:.4f}  lr {r.learning_rate:.3g}  "
-                    f"|g| {r.grad_norm:.3f}  {tps:,.0f} tok/s"
-                )
-            if sink and record:
-                sink.write(json.dumps(record) + "\n")
-            last = r.step == rc.max_steps
-            if trainer.eval_data is not None and (
-                (rc.eval_frequency and r.step % rc.eval_frequency == 0) or last
-            ):
-                eval_loss = trainer.evaluate()
-                progress.console.print(f"step {r.step:>6}  [cyan]eval_loss {eval_loss:.4f}[/cyan]")
-                if sink:
-                    sink.write(json.dumps({"step": r.step, "eval_loss": eval_loss}) + "\n")
-    if sink:
-        sink.close()
-    out.print(f"done: {rc.max_steps} steps in {time.perf_counter() - t0:.1f}s, final loss {r.loss:.4f}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -143,7 +99,7 @@ def run(
     params: ParamsArg, num_csx: NumCsx = None, max_steps: MaxSteps = None, model_dir: ModelDir = None
 ) -> None:
     """Train on the appliance: every role a local process talking gRPC over loopback."""
-    from weightstream.coordinator.local import run_local  # keeps `--help` fast
+    from weightstream.console import run_local  # keeps `--help` fast
 
     p = _load(params, num_csx=num_csx, max_steps=max_steps, model_dir=str(model_dir) if model_dir else None)
     raise typer.Exit(run_local(p, out, err))
@@ -184,16 +140,25 @@ def serve(
 
     import uvicorn
 
-    from weightstream.coordinator.api import create_app
-    from weightstream.coordinator.grpc_api import serve_grpc
-    from weightstream.coordinator.manifests import ClusterConfig
-    from weightstream.coordinator.service import JobService, ServiceConfig
+    from weightstream.backends.kubernetes import INSTALL_HINT, client_available
+    from weightstream.backends.kubernetes.manifests import ClusterConfig
+    from weightstream.jobs.api import create_app
+    from weightstream.jobs.grpc_api import serve_grpc
+    from weightstream.jobs.service import JobService, ServiceConfig
 
     if not token:
         err.print("[red]error:[/red] set WEIGHTSTREAM_TOKEN (or --token): every /v1 route needs it")
         raise typer.Exit(2)
     if backend not in ("local", "kubernetes"):
         err.print(f"[red]error:[/red] --backend must be local or kubernetes, not {backend!r}")
+        raise typer.Exit(2)
+    if backend == "kubernetes" and not client_available():
+        err.print(
+            "[red]error:[/red] --backend kubernetes needs the Kubernetes client, which is an optional "
+            f"extra: run  {INSTALL_HINT}",
+            soft_wrap=True,
+            highlight=False,
+        )
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cluster = ClusterConfig(
@@ -231,7 +196,7 @@ def plan_command(
 
     import yaml
 
-    from weightstream.coordinator.manifests import ClusterConfig, job_manifests, role_addresses
+    from weightstream.backends.kubernetes.manifests import ClusterConfig, job_manifests, role_addresses
     from weightstream.plan import make_plan
 
     if backend not in ("local", "kubernetes") or output not in ("yaml", "json"):

@@ -12,7 +12,7 @@ from numpy.testing import assert_allclose
 
 from tests.integration.appliance import metrics, run, write_params
 from weightstream.params import load_params
-from weightstream.reference import ReferenceTrainer
+from weightstream.training.reference import ReferenceTrainer
 
 # float32 rounding: the tree sums gradients in another order than the reference, and the global norm
 # is summed per shard; after 8 AdamW steps the losses agree to about 1e-6 relative.

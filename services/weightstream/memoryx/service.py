@@ -14,8 +14,15 @@ from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost
-from weightstream.transport.rpc import abort_on_error, add_service, tensors_in, tensors_out, unary
-from weightstream.transport.tensors import read_messages, tensor_messages
+from weightstream.transport.rpc import (
+    abort_on_error,
+    add_service,
+    receive_tensors,
+    tensors_in,
+    tensors_out,
+    unary,
+)
+from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["MemoryXServicer", "add_servicer", "build"]
 
@@ -58,14 +65,7 @@ class MemoryXServicer:
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
-        try:
-            head, grads = read_messages(request_iterator)
-            if head is None:
-                raise ValueError("a gradient stream must open with a StreamHead")
-            shard.add_gradient(head.step, head.unit, grads)
-        except Exception as e:
-            abort_on_error(context, e)
-        return pb.Ack()
+        return receive_tensors(context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g))
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:
         try:

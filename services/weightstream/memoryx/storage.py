@@ -14,15 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from weightstream.checkpoint_layout import TRAINER_STATE, shard_file_name
 from weightstream.storage_io import write_bytes_durably
 
-__all__ = ["load_tensors", "shard_file_name", "write_safetensors"]
-
-
-def shard_file_name(prefix: str, shard: int, num_shards: int) -> str:
-    if num_shards == 1:
-        return f"{prefix}.safetensors"
-    return f"{prefix}-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+__all__ = ["load_tensors", "write_safetensors"]
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
@@ -46,7 +41,7 @@ def load_tensors(
     if index.exists():
         weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
     else:
-        weight_map = defaultdict(lambda: f"{prefix}.safetensors")
+        weight_map = defaultdict(lambda: shard_file_name(prefix, 0, 1))
     by_file: dict[str, list[str]] = defaultdict(list)
     for n in names:
         if index.exists() and n not in weight_map:
@@ -60,5 +55,5 @@ def load_tensors(
                 if n not in have:
                     raise KeyError(f"checkpoint file {d / file} has no tensor {n!r}")
                 out[n] = np.array(f.get_tensor(n), dtype=np.float32)  # a writable copy
-    step = int(json.loads((d / "trainer_state.json").read_text())["global_step"])
+    step = int(json.loads((d / TRAINER_STATE).read_text())["global_step"])
     return out, step

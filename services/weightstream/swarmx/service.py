@@ -18,13 +18,14 @@ from weightstream.transport.rpc import (
     add_service,
     call,
     open_channel,
+    receive_tensors,
     stream,
     tensors_in,
     tensors_in_client,
     tensors_out,
     tensors_out_client,
 )
-from weightstream.transport.tensors import read_messages, tensor_messages
+from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -146,14 +147,9 @@ class SwarmXServicer:
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
-        try:
-            head, grads = read_messages(request_iterator)
-            if head is None:
-                raise ValueError("a gradient stream must open with a StreamHead")
-            node.push_grads(head.step, head.unit, head.sender, grads)
-        except Exception as e:
-            abort_on_error(context, e)
-        return pb.Ack()
+        return receive_tensors(
+            context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g)
+        )
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:

@@ -7,8 +7,11 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
+from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
+from weightstream.transport.tensors import read_messages
 
 __all__ = [
     "OPTIONS",
@@ -17,6 +20,7 @@ __all__ = [
     "call",
     "create_server",
     "open_channel",
+    "receive_tensors",
     "stream",
     "tensors_in",
     "tensors_in_client",
@@ -86,6 +90,24 @@ def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, PeerError):
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def receive_tensors(
+    context: grpc.ServicerContext,
+    messages: Iterator[bytes],
+    handle: Callable[[pb.StreamHead, dict[str, np.ndarray]], None],
+) -> pb.Ack:
+    """The body of every client-streaming tensor RPC (gradients pushed to SwarmX or MemoryX): read the
+    whole stream, checking every checksum; it must open with a StreamHead saying whose tensors they are;
+    hand both to ``handle``, and map any error to a status code."""
+    try:
+        head, tensors = read_messages(messages)
+        if head is None:
+            raise ValueError("a tensor stream pushed to a role must open with a StreamHead")
+        handle(head, tensors)
+    except Exception as e:
+        abort_on_error(context, e)
+    return pb.Ack()
 
 
 # ---------------------------------------------------------------------------------------------------------

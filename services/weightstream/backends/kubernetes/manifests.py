@@ -12,12 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from weightstream.coordinator.backend import STREAMING_MALLOC_ENV, RoleSpec
+from weightstream.backends.base import RoleSpec
+from weightstream.backends.environment import role_env
 from weightstream.numerics import ModelDef
 from weightstream.params import Params
 from weightstream.plan import Plan
 
-__all__ = ["ClusterConfig", "job_manifests", "pod_name", "role_addresses"]
+__all__ = ["ClusterConfig", "cpu_cores", "job_manifests", "pod_name", "role_addresses"]
 
 ROLE_PORT = 50051
 LABEL_JOB, LABEL_ROLE, LABEL_INDEX = "weightstream.io/job", "weightstream.io/role", "weightstream.io/index"
@@ -35,6 +36,13 @@ class ClusterConfig:
     worker_cpu: str = "2"
     # added to what the plan needs: the interpreter, numpy, gRPC and buffers in flight
     overhead_mib: int = 512
+
+
+def cpu_cores(quantity: str) -> int:
+    """Whole cores in a Kubernetes CPU quantity ("2", "1.5", "500m"), at least one: a worker's threads."""
+    q = quantity.strip()
+    cores = int(q[:-1]) / 1000 if q.endswith("m") else float(q)
+    return max(1, int(cores))
 
 
 def _name(job_id: str) -> str:
@@ -86,12 +94,7 @@ def _pod(
 ) -> dict[str, Any]:
     mem = f"{_memory_mib(role, params, model, plan, cluster)}Mi"
     cpu = cluster.worker_cpu if role.kind == "worker" else "1"
-    threads = cluster.worker_cpu if role.kind == "worker" else "1"
-    env = [
-        {"name": n, "value": threads}
-        for n in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "WEIGHTSTREAM_NUM_THREADS")
-    ]
-    env += [{"name": k, "value": v} for k, v in STREAMING_MALLOC_ENV.items()]
+    env = [{"name": k, "value": v} for k, v in role_env(role.kind, cpu_cores(cluster.worker_cpu)).items()]
     container: dict[str, Any] = {
         "name": role.kind,
         "image": cluster.image,

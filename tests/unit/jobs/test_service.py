@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from tests.integration.appliance import TINY
-from weightstream.coordinator.service import JobService, ServiceConfig
+from weightstream.jobs.service import JobService, ServiceConfig
 
 
 def test_a_job_that_cannot_start_fails_and_the_scheduler_goes_on(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_a_job_that_cannot_start_fails_and_the_scheduler_goes_on(tmp_path: Path)
 
 
 def test_last_event_is_the_newest_of_its_kind(tmp_path: Path) -> None:
-    from weightstream.coordinator.jobstore import JobStore
+    from weightstream.jobs.store import JobStore
 
     store = JobStore(tmp_path / "jobs.sqlite")
     job = store.create("j1", {}, 1, {}, 2, tmp_path / "j1")

@@ -10,15 +10,15 @@ import pytest
 
 from tests.integration.appliance import TINY
 from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
-from weightstream.coordinator.backend import BackendError, RoleSpec
-from weightstream.coordinator.manifests import ClusterConfig
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.params import load_params
 from weightstream.plan import make_plan
 
 kubernetes = pytest.importorskip(
     "kubernetes", reason="the kubernetes client is a dependency: pip install -e ."
 )
-from weightstream.coordinator.kubernetes_backend import KubernetesBackend  # noqa: E402
+from weightstream.backends.kubernetes.backend import KubernetesBackend  # noqa: E402
 
 
 @pytest.fixture

@@ -1,8 +1,4 @@
-"""Where a job's roles run. One narrow interface; local processes now, Kubernetes pods later.
-
-A backend starts every role of a job, reports each one's address once it listens, tells the coordinator
-when a role has died (and how), and stops everything, leaving nothing behind.
-"""
+"""The local backend: every role of a job as a child process of the coordinator, over loopback."""
 
 from __future__ import annotations
 
@@ -12,50 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-__all__ = ["Backend", "BackendError", "LocalProcessBackend", "RoleSpec"]
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.environment import role_env
 
-
-class BackendError(RuntimeError):
-    """A role could not be started, did not become ready, or died."""
-
-
-@dataclass(frozen=True)
-class RoleSpec:
-    kind: str  # memoryx | swarmx | activation | worker
-    index: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}-{self.index}"
-
-
-class Backend(Protocol):
-    def start(self, roles: list[RoleSpec]) -> None: ...
-
-    def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
-        """Addresses by kind, in index order, once every role listens."""
-        ...
-
-    def failures(self) -> list[str]:
-        """One line per role that has exited unexpectedly (empty while all run)."""
-        ...
-
-    def stop(self) -> None:
-        """Stop every role; idempotent; returns when none is left."""
-        ...
-
-
-# Roles allocate and free unit-sized buffers all the time, from several threads. glibc gives threads
-# arenas of their own that each keep what was freed in them, so resident memory grows with every thread
-# that ever held a unit: two arenas bound that (a test checks a worker's memory against depth). The mmap
-# threshold is fixed at 64 MiB, where glibc would move it after large frees: smaller buffers (activations,
-# messages) are reused from the heap without page faults, and larger ones go back to the system when
-# freed. A 1 MiB threshold made every activation a fresh zeroed mapping and a GPT-2 step 40% slower.
-STREAMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_ARENA_MAX": "2"}
+__all__ = ["LocalProcessBackend", "describe_exit"]
 
 
 def describe_exit(rc: int) -> str:
@@ -84,12 +42,9 @@ class LocalProcessBackend:
         return self.run_dir / f"{role.name}.ready.json"
 
     def _env(self, role: RoleSpec, num_workers: int) -> dict[str, str]:
-        """Threads per process: all roles share this machine's cores, so the workers (the compute) split
-        them and every other role gets one. Without this each process's BLAS would start a spinning
-        thread per core, and a handful of processes on a few cores would mostly fight each other."""
-        threads = max(1, (os.cpu_count() or 1) // max(1, num_workers)) if role.kind == "worker" else 1
-        names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WEIGHTSTREAM_NUM_THREADS")
-        return {**os.environ, **{n: str(threads) for n in names}, **STREAMING_MALLOC_ENV}
+        """All roles share this machine's cores: the workers split them."""
+        worker_cores = (os.cpu_count() or 1) // max(1, num_workers)
+        return {**os.environ, **role_env(role.kind, worker_cores)}
 
     def start(self, roles: list[RoleSpec]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

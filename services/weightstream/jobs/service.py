@@ -1,31 +1,32 @@
 """The coordinator as a long-lived service: a persistent queue of jobs run on a fixed number of CS-2 slots.
 
-No HTTP here (``api.py`` translates); this is the behaviour: validate and enqueue, run jobs in priority
-order when enough slots are free, cancel, recover after a restart, and answer what a job did.
+No HTTP here (``api/`` and ``grpc_api`` translate); this is the behaviour: validate and enqueue, run jobs
+in priority order when enough slots are free, cancel, recover after a restart, and answer what a job did.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightstream.coordinator.backend import Backend, LocalProcessBackend
-from weightstream.coordinator.jobstore import TERMINAL, IllegalTransition, Job, JobStore
-from weightstream.coordinator.manifests import ClusterConfig
-from weightstream.coordinator.runner import JobCancelled, JobFailed, JobRunner, job_log
+from weightstream.backends.base import Backend
+from weightstream.backends.kubernetes import INSTALL_HINT, client_available
+from weightstream.backends.kubernetes.manifests import ClusterConfig
+from weightstream.backends.local import LocalProcessBackend
+from weightstream.checkpoint_layout import checkpoint_dir, complete_checkpoints
 from weightstream.data import DataError, make_data_processor
+from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
 from weightstream.params import Params, ParamsError, Problem, load_params
+from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, job_log
 
 __all__ = ["CapacityError", "JobService", "ServiceConfig"]
 
 log = logging.getLogger("weightstream.service")
-_CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
 
 
 class CapacityError(ValueError):
@@ -142,9 +143,10 @@ class JobService:
 
     def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
         if self.config.backend == "kubernetes":
-            from weightstream.coordinator.kubernetes_backend import (
-                KubernetesBackend,
-            )  # only with --backend kubernetes
+            if not client_available():
+                raise RuntimeError(f"the Kubernetes backend needs the Kubernetes client: {INSTALL_HINT}")
+            # imported only here: the kubernetes package is an optional extra
+            from weightstream.backends.kubernetes.backend import KubernetesBackend
 
             def placement(msg: str) -> None:
                 self.store.add_event(job_id, "progress", {"placement": msg})
@@ -202,22 +204,18 @@ class JobService:
         return "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
-        model_dir = Path(self.store.get(job_id).model_dir)
+        """Every complete checkpoint of the job: its step and its files with their sizes."""
         out = []
-        for d in sorted(model_dir.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1])):
-            m = _CHECKPOINT.match(d.name)
-            if m and (d / "trainer_state.json").is_file():
-                files = [
-                    {"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()
-                ]
-                out.append({"step": int(m.group(1)), "files": files})
+        for step, d in complete_checkpoints(Path(self.store.get(job_id).model_dir)):
+            files = [{"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()]
+            out.append({"step": step, "files": files})
         return out
 
     def checkpoint_file(self, job_id: str, step: int, name: str) -> Path:
         """Path of one file of a complete checkpoint; KeyError if there is no such file."""
         for c in self.checkpoints(job_id):
             if c["step"] == step and any(f["name"] == name for f in c["files"]):
-                return Path(self.store.get(job_id).model_dir) / f"checkpoint_{step}" / name
+                return checkpoint_dir(Path(self.store.get(job_id).model_dir), step) / name
         raise KeyError(f"job {job_id} has no checkpoint file {name!r} at step {step}")
 
     def is_terminal(self, job_id: str) -> bool:

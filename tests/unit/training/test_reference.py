@@ -9,9 +9,9 @@ import numpy as np
 from numpy.testing import assert_allclose
 
 from weightstream.params import load_params
-from weightstream.reference import ReferenceTrainer
+from weightstream.training.reference import ReferenceTrainer
 
-EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
+EXAMPLES = Path(__file__).parents[3] / "services" / "weightstream" / "examples"
 
 
 def _small_gpt2(max_steps: int, num_csx: int = 1):

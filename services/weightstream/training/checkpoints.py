@@ -1,4 +1,4 @@
-"""Checkpoint directories: finding the last complete one, and finishing one that the shards have written.
+"""Finishing a checkpoint that the MemoryX shards have written: index, config.json, trainer state, rename.
 
 A checkpoint is written into ``.checkpoint_<step>.partial/``; once every shard's files and the index,
 config and trainer state are in and fsynced, the directory is renamed to ``checkpoint_<step>``. A crash
@@ -8,34 +8,26 @@ at any point leaves either a complete ``checkpoint_<step>`` or a ``.partial`` on
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from weightstream.memoryx.storage import shard_file_name
+from weightstream.checkpoint_layout import (
+    TRAINER_STATE,
+    checkpoint_dir,
+    partial_dir_path,
+    shard_file_name,
+)
 from weightstream.params import Params
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
 
-__all__ = ["finish_checkpoint", "hf_config", "last_checkpoint", "partial_dir"]
-
-_NAME = re.compile(r"^checkpoint_(\d+)$")
-
-
-def last_checkpoint(model_dir: Path) -> tuple[int, Path] | None:
-    """The complete checkpoint with the highest step, if any."""
-    found = []
-    if model_dir.is_dir():
-        for d in model_dir.iterdir():
-            m = _NAME.match(d.name)
-            if m and (d / "trainer_state.json").is_file():
-                found.append((int(m.group(1)), d))
-    return max(found) if found else None
+__all__ = ["finish_checkpoint", "hf_config", "partial_dir"]
 
 
 def partial_dir(model_dir: Path, step: int) -> Path:
-    d = model_dir / f".checkpoint_{step}.partial"
+    """A fresh, empty directory for checkpoint ``step`` to be written into."""
+    d = partial_dir_path(model_dir, step)
     if d.exists():
         shutil.rmtree(d)  # left over by a crash: never complete, never loaded
     d.mkdir(parents=True)
@@ -90,11 +82,9 @@ def finish_checkpoint(
             index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
             write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
     write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
-    write_text_durably(
-        tmp / "trainer_state.json", json.dumps({"global_step": step, **trainer_state}, indent=2)
-    )
+    write_text_durably(tmp / TRAINER_STATE, json.dumps({"global_step": step, **trainer_state}, indent=2))
     fsync_dir(tmp)
-    final = model_dir / f"checkpoint_{step}"
+    final = checkpoint_dir(model_dir, step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

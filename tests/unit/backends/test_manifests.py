@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.appliance import TINY
-from weightstream.coordinator.manifests import (
+from weightstream.backends.kubernetes.manifests import (
     LABEL_JOB,
     LABEL_ROLE,
     ClusterConfig,

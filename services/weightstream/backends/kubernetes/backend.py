@@ -14,8 +14,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from weightstream.coordinator.backend import BackendError, RoleSpec
-from weightstream.coordinator.manifests import (
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.kubernetes.manifests import (
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,

@@ -19,20 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from weightstream.coordinator.backend import Backend, BackendError, RoleSpec
-from weightstream.coordinator.checkpoints import finish_checkpoint, last_checkpoint, partial_dir
-from weightstream.memoryx.storage import shard_file_name
+from weightstream.backends.base import Backend, BackendError, RoleSpec
+from weightstream.checkpoint_layout import last_checkpoint, shard_file_name
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import ROLE_KINDS, JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
+from weightstream.training.cadence import Cadence
+from weightstream.training.checkpoints import finish_checkpoint, partial_dir
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
 
-log = logging.getLogger("weightstream.coordinator")
+log = logging.getLogger("weightstream.training")
 T = TypeVar("T")
 Event = dict[str, Any]
 
@@ -214,7 +215,7 @@ class JobRunner:
         }
 
     def _train(self, start_step: int, t0: float) -> RunSummary:
-        rc = self.rc
+        rc, cadence = self.rc, Cadence.of(self.params)
         loss = eval_loss = None
         checkpoint: Path | None = None
         tokens_total, t_train = 0, time.monotonic()
@@ -227,8 +228,7 @@ class JobRunner:
                 tokens_total += record.pop("tokens")
                 record["tokens_per_second"] = tokens_total / (time.monotonic() - t_train)
                 self._emit("step", **record, max_steps=rc.max_steps)
-                last = done == rc.max_steps
-                if done % rc.log_steps == 0 or last:
+                if cadence.log(done):
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
                     self.log.info(
@@ -238,12 +238,11 @@ class JobRunner:
                         record["learning_rate"],
                         record["grad_norm"],
                     )
-                wants_eval = rc.eval_frequency and done % rc.eval_frequency == 0
-                if self.params.eval_input is not None and (wants_eval or last):
+                if cadence.evaluate(done):
                     eval_loss = self._evaluate(done)
                     metrics.write(json.dumps({"step": done, "eval_loss": eval_loss}) + "\n")
                     metrics.flush()
-                if last or (rc.checkpoint_steps and done % rc.checkpoint_steps == 0):
+                if cadence.checkpoint(done):
                     checkpoint = self._checkpoint(done)
         if start_step >= rc.max_steps:
             found = last_checkpoint(self.model_dir)

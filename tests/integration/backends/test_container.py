@@ -23,14 +23,14 @@ import pytest
 import yaml
 
 from tests.integration.appliance import TINY
-from weightstream.coordinator.backend import BackendError, RoleSpec
-from weightstream.coordinator.manifests import ClusterConfig, job_manifests, pod_name
-from weightstream.coordinator.runner import JobRunner
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.kubernetes.manifests import ClusterConfig, job_manifests, pod_name
 from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
+from weightstream.training.runner import JobRunner
 
 pytestmark = pytest.mark.container
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 IMAGE = "localhost/weightstream:test"
 
 

@@ -1,6 +1,6 @@
 """The coordinator's job API over gRPC: the same ``JobService`` as REST, translated to gRPC messages.
 
-Jobs are the JSON objects of the REST API (``api.JobView``), so both APIs describe a job identically.
+Jobs are the JSON objects of the REST API (``api.views.JobView``), so both APIs describe a job identically.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from weightstream.coordinator.api import JobView
-from weightstream.coordinator.jobstore import IllegalTransition, UnknownJob
-from weightstream.coordinator.service import CapacityError, JobService
+from weightstream.jobs.api.views import JobView
+from weightstream.jobs.service import CapacityError, JobService
+from weightstream.jobs.store import IllegalTransition, UnknownJob
 from weightstream.params import ParamsError
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc

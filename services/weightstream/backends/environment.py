@@ -1,0 +1,33 @@
+"""The process environment of a role, the same whichever backend starts it.
+
+Threads: the workers do the compute and share the cores they are given; every other role moves bytes and
+gets one thread. Without a cap each process's BLAS would start a spinning thread per core, and a handful of
+processes on a few cores would mostly fight each other.
+"""
+
+from __future__ import annotations
+
+__all__ = ["STREAMING_MALLOC_ENV", "THREAD_ENV_VARS", "role_env", "role_threads"]
+
+# Every library that may start a thread pool in a role: OpenBLAS, OpenMP, MKL (numpy built against it),
+# and our own elementwise kernels (numerics/_blocked.py).
+THREAD_ENV_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WEIGHTSTREAM_NUM_THREADS")
+
+# Roles allocate and free unit-sized buffers all the time, from several threads. glibc gives threads
+# arenas of their own that each keep what was freed in them, so resident memory grows with every thread
+# that ever held a unit: two arenas bound that (a test checks a worker's memory against depth). The mmap
+# threshold is fixed at 64 MiB, where glibc would move it after large frees: smaller buffers (activations,
+# messages) are reused from the heap without page faults, and larger ones go back to the system when
+# freed. A 1 MiB threshold made every activation a fresh zeroed mapping and a GPT-2 step 40% slower.
+STREAMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_ARENA_MAX": "2"}
+
+
+def role_threads(kind: str, worker_cores: int) -> int:
+    """Threads for a role of ``kind``: a worker uses the ``worker_cores`` it is given, others one."""
+    return max(1, worker_cores) if kind == "worker" else 1
+
+
+def role_env(kind: str, worker_cores: int) -> dict[str, str]:
+    """Environment variables (added to the inherited ones) for a role process of ``kind``."""
+    threads = str(role_threads(kind, worker_cores))
+    return {**{n: threads for n in THREAD_ENV_VARS}, **STREAMING_MALLOC_ENV}

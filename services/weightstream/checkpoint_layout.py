@@ -1,0 +1,61 @@
+"""How a checkpoint lies on disk: its directory and file names, and what makes one complete.
+
+The one copy of these rules, imported by ``training`` (which finishes checkpoints and resumes from them),
+by MemoryX (which writes its shard's files) and by the job service (which lists and serves them).
+
+    model_dir/
+      .checkpoint_<step>.partial/        being written; never loaded, removed when found after a crash
+      checkpoint_<step>/                 complete: renamed into place once everything is fsynced
+        model.safetensors                one MemoryX shard, or
+        model-0000i-of-0000K.safetensors + model.safetensors.index.json
+        optimizer*.safetensors (+ index), config.json, trainer_state.json
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = [
+    "TRAINER_STATE",
+    "checkpoint_dir",
+    "complete_checkpoints",
+    "last_checkpoint",
+    "partial_dir_path",
+    "shard_file_name",
+]
+
+TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
+_DIR = re.compile(r"^checkpoint_(\d+)$")
+
+
+def checkpoint_dir(model_dir: Path, step: int) -> Path:
+    return model_dir / f"checkpoint_{step}"
+
+
+def partial_dir_path(model_dir: Path, step: int) -> Path:
+    return model_dir / f".checkpoint_{step}.partial"
+
+
+def shard_file_name(prefix: str, shard: int, num_shards: int) -> str:
+    """``prefix`` (model or optimizer) file of ``shard`` of ``num_shards``, Hugging Face's names."""
+    if num_shards == 1:
+        return f"{prefix}.safetensors"
+    return f"{prefix}-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+
+
+def complete_checkpoints(model_dir: Path) -> list[tuple[int, Path]]:
+    """Every complete checkpoint in ``model_dir`` as (step, directory), by step."""
+    found = []
+    if model_dir.is_dir():
+        for d in model_dir.iterdir():
+            m = _DIR.match(d.name)
+            if m and (d / TRAINER_STATE).is_file():
+                found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def last_checkpoint(model_dir: Path) -> tuple[int, Path] | None:
+    """The complete checkpoint with the highest step, if any."""
+    found = complete_checkpoints(model_dir)
+    return found[-1] if found else None

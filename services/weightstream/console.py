@@ -1,0 +1,158 @@
+"""The terminal front-end of ``weightstream run`` and ``train-reference``: progress bars and log lines.
+
+``cli.py`` parses the command line and loads params; this module runs the training and shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from weightstream.backends.local import LocalProcessBackend
+from weightstream.data import DataError, make_data_processor
+from weightstream.params import Params
+from weightstream.training.cadence import Cadence
+from weightstream.training.runner import JobFailed, JobRunner, job_log
+
+__all__ = ["run_local", "step_progress", "train_reference"]
+
+
+def step_progress(console: Console) -> Progress:
+    """The bar both trainers show: step n/N, a bar, a status text, elapsed time and ETA. Transient: it
+    disappears when done, leaving the logged lines. Set ``status`` per task."""
+    return Progress(
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _step_line(e: dict[str, Any]) -> str:
+    return (
+        f"step {e['step']:>6}  loss {e['loss']:.4f}  lr {e['learning_rate']:.3g}  "
+        f"|g| {e['grad_norm']:.3f}  {e['tokens_per_second']:,.0f} tok/s"
+    )
+
+
+def run_local(params: Params, out: Console, err: Console) -> int:
+    """Run the job; returns the process exit code (0 done, 1 failed, 2 bad data, 130 interrupted)."""
+    rc, cadence = params.runconfig, Cadence.of(params)
+    try:  # the data is checked here, before any process starts
+        make_data_processor(params.train_input, params.model, "train")
+        if params.eval_input:
+            make_data_processor(params.eval_input, params.model, "eval")
+    except DataError as e:
+        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        return 2
+    model_dir = Path(rc.model_dir)
+    backend = LocalProcessBackend(model_dir / "logs")
+    progress = step_progress(out)
+    task = progress.add_task("train", total=rc.max_steps, status="starting roles")
+
+    def on_event(e: dict[str, Any]) -> None:
+        kind = e["event"]
+        if kind == "status" and e["status"] == "starting":
+            roles = ", ".join(f"{n} {k}" for k, n in e["roles"].items())
+            progress.console.print(f"starting {roles} as local processes (logs in {model_dir / 'logs'})")
+        elif kind == "status" and e["status"] == "resuming":
+            progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
+            progress.update(task, completed=e["step"])
+        elif kind == "step":
+            progress.update(
+                task, completed=e["step"], status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
+            )
+            if cadence.log(e["step"]):
+                progress.console.print(f"{_step_line(e)}  {e['step_time_s'] * 1000:.0f} ms/step")
+        elif kind == "eval":
+            progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
+        elif kind == "checkpoint":
+            progress.console.print(f"step {e['step']:>6}  checkpoint {e['path']}")
+
+    t0 = time.monotonic()
+    try:
+        with job_log(model_dir, "local") as job_logger, progress:
+            try:
+                summary = JobRunner(params, backend, on_event, job_id="local").run()
+            except JobFailed as e:
+                job_logger.error("job failed: %s", e)
+                raise
+    except JobFailed as e:
+        err.print(f"[red]job failed:[/red] {e}", soft_wrap=True, highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("interrupted: every role was stopped; checkpoints written so far are intact")
+        return 130
+    if summary.steps_run == 0:
+        out.print(
+            f"nothing to do: {model_dir} already holds step {summary.start_step} (max_steps {rc.max_steps})"
+        )
+        return 0
+    loss = f", final loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
+    ev = f", eval_loss {summary.last_eval_loss:.4f}" if summary.last_eval_loss is not None else ""
+    out.print(
+        f"done: steps {summary.start_step}→{summary.final_step} in {time.monotonic() - t0:.1f}s{loss}{ev}; "
+        f"checkpoint {summary.checkpoint}"
+    )
+    return 0
+
+
+def train_reference(params: Params, out: Console, metrics: Path | None = None) -> None:
+    """Train in this process with every weight resident; log and evaluate on the appliance's cadence.
+    Raises DataError (before anything is shown) if the data cannot be read."""
+    from weightstream.training.reference import ReferenceTrainer
+
+    rc, cadence = params.runconfig, Cadence.of(params)
+    trainer = ReferenceTrainer(params)
+    out.print(
+        f"training {params.model.name} ({trainer.model.num_params:,} parameters) for {rc.max_steps} steps, "
+        f"global batch {params.train_input.batch_size} split over {trainer.num_shards} shard(s)"
+    )
+    sink = metrics.open("w", encoding="utf-8") if metrics else None
+    tokens, t0, loss = 0, time.perf_counter(), float("nan")
+    try:
+        with step_progress(out) as progress:
+            task = progress.add_task("train", total=rc.max_steps, status="")
+            for _ in range(rc.max_steps):
+                r = trainer.train_step()
+                tokens, loss = tokens + r.tokens, r.loss
+                tps = tokens / (time.perf_counter() - t0)
+                progress.update(task, advance=1, status=f"loss {r.loss:.4f}  {tps:,.0f} tok/s")
+                if cadence.log(r.step):
+                    record = {
+                        "step": r.step,
+                        "loss": r.loss,
+                        "learning_rate": r.learning_rate,
+                        "grad_norm": r.grad_norm,
+                        "tokens_per_second": tps,
+                        "step_time_s": r.step_time_s,
+                    }
+                    progress.console.print(_step_line(record))
+                    if sink:
+                        sink.write(json.dumps(record) + "\n")
+                if cadence.evaluate(r.step):
+                    eval_loss = trainer.evaluate()
+                    progress.console.print(f"step {r.step:>6}  [cyan]eval_loss {eval_loss:.4f}[/cyan]")
+                    if sink:
+                        sink.write(json.dumps({"step": r.step, "eval_loss": eval_loss}) + "\n")
+    finally:
+        if sink:
+            sink.close()
+    out.print(f"done: {rc.max_steps} steps in {time.perf_counter() - t0:.1f}s, final loss {loss:.4f}")

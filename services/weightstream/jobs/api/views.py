@@ -1,0 +1,102 @@
+"""The REST API's request and response bodies (pydantic): what crosses the edge, and nothing else."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from weightstream.jobs.store import Job
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointFile",
+    "CheckpointList",
+    "ErrorBody",
+    "ErrorDetail",
+    "HistoryEntry",
+    "JobList",
+    "JobView",
+    "Metrics",
+    "Status",
+    "SubmitRequest",
+]
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class SubmitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    params: dict[str, Any] = Field(description="the params file (ModelZoo layout) as a JSON object")
+    num_csx: int = Field(ge=1, le=1024, description="CS-2 workers; overrides runconfig.num_csx")
+    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict, max_length=32)
+    priority: int = Field(default=2, ge=1, le=3, description="1 runs before 2 before 3")
+
+
+class HistoryEntry(BaseModel):
+    status: Status
+    at: float
+    reason: str | None = None
+
+
+class JobView(BaseModel):
+    """A job as both APIs describe it (the gRPC API sends this object as JSON)."""
+
+    id: str
+    status: Status
+    num_csx: int
+    labels: dict[str, str]
+    priority: int
+    created_at: float
+    updated_at: float
+    error: str | None
+    history: list[HistoryEntry]
+    params: dict[str, Any]
+
+    @staticmethod
+    def of(job: Job) -> JobView:
+        return JobView(
+            id=job.id,
+            status=job.status,
+            num_csx=job.num_csx,
+            labels=job.labels,
+            priority=job.priority,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            error=job.error,
+            history=[HistoryEntry(**h) for h in job.history],
+            params=job.params,
+        )
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+
+
+class Metrics(BaseModel):
+    steps: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+
+
+class CheckpointFile(BaseModel):
+    name: str
+    size: int
+
+
+class Checkpoint(BaseModel):
+    step: int
+    files: list[CheckpointFile]
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[Checkpoint]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,10 @@
+"""Training a job: what happens between "the roles are up" and "the last checkpoint is written".
+
+- ``runner``: the appliance's job runner (one step = RunStep on the workers, GradNormSq and ApplyUpdate on
+  the MemoryX shards), evaluation and checkpoints, over any ``backends`` implementation.
+- ``cadence``: when a run logs, evaluates and checkpoints; one rule for the appliance and the reference.
+- ``checkpoints``: finishing a checkpoint the shards have written (index, config.json, trainer state).
+- ``reference``: the in-process reference trainer that the appliance must reproduce step for step.
+
+Nothing here knows about the job queue or HTTP (``jobs``), or how a process or pod is started.
+"""
