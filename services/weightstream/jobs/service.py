@@ -10,9 +10,10 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from weightstream.backends.base import Backend
 from weightstream.backends.kubernetes import INSTALL_HINT, client_available
@@ -22,9 +23,9 @@ from weightstream.checkpoint_layout import checkpoint_dir, complete_checkpoints
 from weightstream.data import DataError, make_data_processor
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
 from weightstream.params import Params, ParamsError, Problem, load_params
-from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, job_log
+from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
 
-__all__ = ["CapacityError", "JobService", "ServiceConfig"]
+__all__ = ["CapacityError", "JobService", "Runner", "RunnerFactory", "ServiceConfig"]
 
 log = logging.getLogger("weightstream.service")
 
@@ -41,12 +42,32 @@ class ServiceConfig:
     cluster: ClusterConfig | None = None
 
 
+class Runner(Protocol):
+    """What the service needs of a job's runner (``training.runner.JobRunner``; tests pass fakes)."""
+
+    model_dir: Path
+
+    def run(self) -> RunSummary: ...
+
+    def cancel(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+EventSink = Callable[[dict[str, Any]], None]
+RunnerFactory = Callable[[Job, Params, EventSink], Runner]
+
+
 class JobService:
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: ServiceConfig, runner_factory: RunnerFactory | None = None) -> None:
+        """``runner_factory(job, params, on_event)`` makes the runner of a job that starts; by default a
+        ``JobRunner`` on the configured backend."""
         self.config = config
         self.jobs_dir = config.data_dir / "jobs"
         self.store = JobStore(config.data_dir / "jobs.sqlite")
-        self._running: dict[str, JobRunner] = {}
+        self._make_runner = runner_factory or self._job_runner
+        self._running: dict[str, Runner] = {}
+        self._num_csx: dict[str, int] = {}  # CS-2 slots held by each running job
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -112,7 +133,7 @@ class JobService:
     def _schedule(self) -> None:
         while not self._stopped.is_set():
             with self._lock:
-                free = self.config.slots - sum(r.rc.num_csx for r in self._running.values())
+                free = self.config.slots - sum(self._num_csx[j] for j in self._running)
                 for job in self.store.queue():  # strict order: the head of the queue is never overtaken
                     if job.num_csx > free:
                         break
@@ -121,6 +142,7 @@ class JobService:
                     except Exception as e:  # a job that cannot start fails; the scheduler goes on
                         log.exception("job %s could not start", job.id)
                         self._running.pop(job.id, None)
+                        self._num_csx.pop(job.id, None)
                         self.store.transition(job.id, "failed", error=f"could not start: {e}")
                         continue
                     free -= job.num_csx
@@ -130,16 +152,16 @@ class JobService:
     def _start(self, job: Job) -> None:
         self.store.transition(job.id, "running")
         params = load_params(job.params)
-        runner = JobRunner(
-            params,
-            self._backend(job.id, params, Path(job.model_dir) / "logs"),
-            on_event=lambda e, j=job.id: self._on_event(j, e),
-            job_id=job.id,
-        )
+        runner = self._make_runner(job, params, lambda e, j=job.id: self._on_event(j, e))
         self._running[job.id] = runner
+        self._num_csx[job.id] = job.num_csx
         thread = threading.Thread(target=self._run, args=(job.id, runner), name=f"job-{job.id}", daemon=True)
         self._threads[job.id] = thread
         thread.start()
+
+    def _job_runner(self, job: Job, params: Params, on_event: EventSink) -> Runner:
+        backend = self._backend(job.id, params, Path(job.model_dir) / "logs")
+        return JobRunner(params, backend, on_event=on_event, job_id=job.id)
 
     def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
         if self.config.backend == "kubernetes":
@@ -156,7 +178,7 @@ class JobService:
             )
         return LocalProcessBackend(run_dir)
 
-    def _run(self, job_id: str, runner: JobRunner) -> None:
+    def _run(self, job_id: str, runner: Runner) -> None:
         try:
             with job_log(runner.model_dir, job_id) as job_logger:
                 try:
@@ -171,6 +193,7 @@ class JobService:
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
+                self._num_csx.pop(job_id, None)
             self._wake.set()
 
     def _on_event(self, job_id: str, event: dict[str, Any]) -> None:
@@ -187,7 +210,7 @@ class JobService:
         with self._lock:
             runners = list(self._running.values())
         for r in runners:
-            r.backend.stop()
+            r.stop()
         for t in list(self._threads.values()):
             t.join(timeout=10)
         self.store.close()

@@ -99,6 +99,11 @@ class JobRunner:
         self._cancelled.set()
         self.backend.stop()
 
+    def stop(self) -> None:
+        """Stop the job's roles from another thread (the service is shutting down); ``run`` fails, and
+        the checkpoints written so far stay for a resume."""
+        self.backend.stop()
+
     # -- plumbing ------------------------------------------------------------------------------------------
     def _emit(self, kind: str, **data: Any) -> None:
         self.on_event({"event": kind, **data})
