@@ -1,3 +1,10 @@
-"""weightstream: a weight-streaming training appliance."""
+"""weightstream: a weight-streaming training appliance.
+
+The roles, one package each: ``memoryx`` (weights and optimizer state), ``swarmx`` (broadcast and
+reduce), ``worker`` (the CS-2 emulator), ``activation`` (batches). Shared pieces: ``numerics`` (the math),
+``params``, ``data``, ``transport`` (gRPC and tensor streams), ``proto`` (generated), ``plan`` (a job's
+layout), ``checkpoint_layout``, ``role`` (serving a role). The coordinator: ``training`` (driving a job),
+``backends`` (where roles run), ``jobs`` (the service). ``cli`` and ``console`` are the command line.
+"""
 
 __version__ = "0.1.0"

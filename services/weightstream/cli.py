@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from weightstream import __version__
 from weightstream.data import DataError
@@ -155,7 +156,7 @@ def serve(
     if backend == "kubernetes" and not client_available():
         err.print(
             "[red]error:[/red] --backend kubernetes needs the Kubernetes client, which is an optional "
-            f"extra: run  {INSTALL_HINT}",
+            f"extra: run  {escape(INSTALL_HINT)}",
             soft_wrap=True,
             highlight=False,
         )

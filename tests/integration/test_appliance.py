@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 from numpy.testing import assert_allclose
+from safetensors.numpy import load_file
 
 from tests.integration.appliance import metrics, run, write_params
 from weightstream.params import load_params
@@ -151,9 +154,79 @@ def test_micro_batches_accumulate_to_the_same_step(tmp_path: Path, reference) ->
         assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
 
 
-def test_memory_budget_picks_micro_batches_or_says_why_not(tmp_path: Path) -> None:
-    r = run(write_params(tmp_path, max_steps=2, worker_memory_mb=1), tmp_path / "ok")
-    assert r.returncode == 0, r.stderr  # a tiny model fits 1 MiB with small enough micro-batches
+def _checkpoint_tensors(model_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every weight of ``checkpoint_<step>``, merged over the MemoryX shards' model files."""
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted((model_dir / f"checkpoint_{step}").glob("model*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors
+
+
+def _recompute_params(tmp: Path, **extra: int) -> Path:
+    """A GPT-2 just large enough that ``worker_memory_mb=1`` cannot keep every activation: two workers
+    with shards of 16 samples; the memory planner picks micro-batches of 4, and about half of the (unit,
+    micro-batch) forwards are recomputed in backward (measured: 8 of 16 on each worker). ``extra``:
+    ``worker_memory_mb`` (runconfig) and ``micro_batch_size`` (train_input)."""
+    tmp.mkdir(exist_ok=True)
+    runconfig = {k: v for k, v in extra.items() if k != "micro_batch_size"}
+    p = write_params(tmp, max_steps=3, num_csx=2, **runconfig)
+    raw = yaml.safe_load(p.read_text())
+    raw["model"].update(hidden_size=64, filter_size=256)
+    raw["train_input"]["batch_size"] = 32
+    if "micro_batch_size" in extra:
+        raw["train_input"]["micro_batch_size"] = extra["micro_batch_size"]
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+# the worker's INFO line after its first step (worker/service.py)
+_MEMORY_LOG = re.compile(r"micro-batch (\d+), (\d+) unit forward passes recomputed in backward")
+# Final weights against the reference: weights are ~0.02 and each AdamW update at most ~lr (<= 2e-3 here);
+# float32 rounding of the gradient sums (other order: tree, micro-batches, tied embedding) moves them by
+# ~1e-6 at most (measured 1.2e-6); a wrong gradient for one unit moves them by ~lr.
+WEIGHT_ATOL = 5e-6
+
+
+def test_memory_budget_recomputes_in_backward_and_matches_the_reference(tmp_path: Path) -> None:
+    """With a budget that forces micro-batches and recompute-in-backward (checked in the workers' logs),
+    the run is the reference's step for step: loss and grad_norm of every step, and the final weights to
+    float32 rounding; and bitwise the run with the same micro-batches and no budget (nothing recomputed),
+    so the recomputed forward is exactly the one that was not kept."""
+    params_path = _recompute_params(tmp_path / "budget_params", worker_memory_mb=1)
+    budget = tmp_path / "budget"
+    r = run(params_path, budget)
+    assert r.returncode == 0, r.stderr
+    for w in (0, 1):
+        found = _MEMORY_LOG.findall((budget / "logs" / f"worker-{w}.log").read_text())
+        assert found, f"worker-{w} logged no micro-batch/recompute line"
+        micro, recomputed = (int(v) for v in found[0])
+        assert micro < 16 and recomputed > 0, f"worker-{w}: micro-batch {micro}, {recomputed} recomputed"
+
+    trainer = ReferenceTrainer(load_params(params_path), num_shards=1)
+    ref = [trainer.train_step() for _ in range(3)]
+    rows = {
+        r["step"]: r for r in (json.loads(line) for line in (budget / "metrics.jsonl").read_text().splitlines())
+    }
+    for s in ref:
+        assert_allclose(rows[s.step]["loss"], s.loss, rtol=LOSS_RTOL, err_msg=f"loss, step {s.step}")
+        # grad_norm is summed in float64 per tensor: float32 rounding of the gradients only (~1e-8)
+        assert_allclose(rows[s.step]["grad_norm"], s.grad_norm, rtol=1e-6, err_msg=f"grad_norm, step {s.step}")
+    weights = _checkpoint_tensors(budget, 3)
+    assert sorted(weights) == sorted(trainer.weights)
+    for name, w in trainer.weights.items():
+        assert_allclose(weights[name], w, rtol=1e-5, atol=WEIGHT_ATOL, err_msg=name)
+
+    # the same micro-batches with every activation kept: recompute must not change a bit
+    kept = tmp_path / "kept"
+    r = run(_recompute_params(tmp_path / "kept_params", micro_batch_size=4), kept)
+    assert r.returncode == 0, r.stderr
+    assert _MEMORY_LOG.findall((kept / "logs" / "worker-0.log").read_text()) == [("4", "0")]
+    assert metrics(kept)[0] == metrics(budget)[0]
+    assert _checkpoint_bytes(kept, 3) == _checkpoint_bytes(budget, 3)
+
+
+def test_memory_budget_too_small_says_why_not(tmp_path: Path) -> None:
+    """A budget that cannot hold one sample fails the job with the numbers and the worker's name."""
     p = write_params(tmp_path, max_steps=2, worker_memory_mb=1)
     raw = yaml.safe_load(p.read_text())
     raw["model"].update(hidden_size=512, num_heads=4, filter_size=2048)  # two blocks' weights alone: 24 MiB

@@ -61,20 +61,24 @@ def test_non_default_values_lint_cleanly() -> None:
     assert lint({"existingSecret": "my-token"})["errors"] == 0
 
 
+# Each bad value next to a good value of the same key: the schema error must come from the bad value
+# itself (helm-sdkpy's lint result carries severities and paths, not the error texts).
+CASES = [
+    ({"slots": 0}, {"slots": 1}),
+    ({"image": {"pullPolicy": "Sometimes"}}, {"image": {"pullPolicy": "Always"}}),
+    ({"persistence": {"size": "10GB"}}, {"persistence": {"size": "10Gi"}}),
+    ({"service": {"type": "Ingress"}}, {"service": {"type": "NodePort"}}),
+    ({"unknownKey": 1}, {}),
+    ({"jobs": {"workerCpu": "two"}}, {"jobs": {"workerCpu": "500m"}}),
+]
+
+
 @pytest.mark.parametrize(
-    "bad",
-    [
-        {"slots": 0},
-        {"image": {"pullPolicy": "Sometimes"}},
-        {"persistence": {"size": "10GB"}},
-        {"service": {"type": "Ingress"}},
-        {"unknownKey": 1},
-        {"jobs": {"workerCpu": "two"}},
-    ],
-    ids=["slots", "pullPolicy", "size", "service-type", "unknown-key", "cpu"],
+    ("bad", "good"), CASES, ids=["slots", "pullPolicy", "size", "service-type", "unknown-key", "cpu"]
 )
-def test_bad_values_are_rejected_by_the_schema(bad: dict[str, Any]) -> None:
-    result = lint(bad)
-    assert result["errors"] > 0 and ["3", "values.yaml"] != [] and [3, "values.yaml"] in result["messages"], (
-        result
-    )
+def test_bad_values_are_rejected_by_the_schema(bad: dict[str, Any], good: dict[str, Any]) -> None:
+    schema_error = [3, "values.yaml"]  # severity 3: an error, reported against values.yaml
+    rejected = lint(bad)
+    assert rejected["errors"] > 0 and schema_error in rejected["messages"], rejected
+    accepted = lint(good)
+    assert accepted["errors"] == 0 and schema_error not in accepted["messages"], accepted

@@ -1,2 +1,1 @@
-"""Activation servers: read the training data (data/) and hand each worker its shard of every global batch.
-Built in issue 3."""
+"""Activation servers: read the training data (data/) and hand each worker its shard of every global batch."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 import numpy as np
 
@@ -24,6 +26,8 @@ from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
 
 __all__ = ["ActivationClient", "SwarmParent", "WorkerServicer", "add_servicer", "build", "plan_memory"]
+
+log = logging.getLogger("weightstream.worker")
 
 
 class SwarmParent:
@@ -101,6 +105,7 @@ def plan_memory(
 class WorkerServicer(rpc.WorkerServicer):
     def __init__(self, host: RoleHost) -> None:
         self.host = host
+        self._memory_report: tuple[int | None, int] | None = None  # last (micro-batch, recomputed) logged
 
     def RunStep(self, request: pb.RunStepRequest, context: grpc.ServicerContext) -> pb.RunStepReply:
         engine: WorkerEngine = self.host.logic(context)
@@ -109,6 +114,15 @@ class WorkerServicer(rpc.WorkerServicer):
         except Exception as e:
             abort_on_error(context, e)
             raise
+        report = (engine.micro_batch, r.recomputed_units)
+        if report != self._memory_report:  # the same every step in practice: logged once, not per step
+            self._memory_report = report
+            log.info(
+                "step %d: micro-batch %s, %d unit forward passes recomputed in backward",
+                request.step,
+                engine.micro_batch or "of the whole shard",
+                r.recomputed_units,
+            )
         return pb.RunStepReply(
             loss=r.loss,
             tokens=r.tokens,
