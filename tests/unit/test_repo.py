@@ -100,3 +100,12 @@ def test_no_hand_written_module_over_400_lines() -> None:
         if generated not in p.parents and (n := len(p.read_text().splitlines())) > 400
     }
     assert not long, long
+
+
+def test_create_app_only_assembles() -> None:
+    """The REST app is assembled from routers, not written inside one closure."""
+    import ast
+
+    tree = ast.parse((ROOT / "services" / "weightstream" / "jobs" / "api" / "app.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_app")
+    assert fn.end_lineno is not None and fn.end_lineno - fn.lineno < 60

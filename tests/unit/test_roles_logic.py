@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from numpy.testing import assert_array_equal
+from numpy.testing import assert_allclose, assert_array_equal
 
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard, StaleStepError
+from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import make_plan
 from weightstream.swarmx.node import SwarmNodeLogic, sum_in_order
@@ -146,3 +147,54 @@ def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(r
         shard.add_gradient(0, 1, {"transformer.wte.weight": np.ones((64, 32), np.float32)})
     with pytest.raises(ValueError, match="shape"):
         shard.add_gradient(0, 3, {"transformer.ln_f.weight": np.ones(5, np.float32)})
+
+
+def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng) -> None:
+    """ApplyUpdate's magnitude, not only that weights moved: a shard holding every tensor of TINY, fed a
+    known gradient for every unit, clips and steps exactly as torch.optim.AdamW (TINY's betas, eps and
+    weight decay) does on the same initial weights with the same summed, clipped gradients, for two
+    consecutive steps with their own learning rates; the tied embedding gets the sum of both units'
+    parts; grad_sq_sum is the float64 sum of squares of the summed gradients."""
+    torch = pytest.importorskip(
+        "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
+    )
+    shard, model = _shard()
+    opt = optimizer_config(load_params(TINY).optimizer)
+    assert (opt.kind, opt.betas, opt.weight_decay) == ("adamw", (0.9, 0.95), 0.01)  # what TINY asks for
+    names = list(model.specs)
+    assert [u for u, unit in enumerate(model.units) if "transformer.wte.weight" in unit.param_names] == [0, 3]
+    ref = {n: torch.nn.Parameter(torch.from_numpy(w.copy())) for n, w in shard.tensors(0, names)}
+    torch_opt = torch.optim.AdamW(
+        list(ref.values()), lr=1.0, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, foreach=False
+    )
+    # not the schedule's: its step 0 has lr 0, which would hide the update; each step has its own lr
+    for step, lr in ((0, 2e-3), (1, 3e-3)):
+        summed: dict[str, np.ndarray] = {}
+        for u, unit in enumerate(model.units):
+            parts = {
+                n: rng.standard_normal(model.specs[n].shape).astype(np.float32) for n in unit.param_names
+            }
+            # copies: the shard keeps the arrays it is given and clips them in place
+            shard.add_gradient(step, u, {n: g.copy() for n, g in parts.items()})
+            for n, g in parts.items():
+                summed[n] = summed[n] + g if n in summed else g  # wte: embedding's part + head's part
+        expected_sq = sum(float(np.sum(g.astype(np.float64) ** 2)) for g in summed.values())
+        sq = shard.grad_sq_sum(step)
+        assert sq == pytest.approx(expected_sq, rel=1e-12)
+        _, coef = clip_coefficient([sq], opt.max_gradient_norm)
+        assert coef < 1.0  # unit-normal gradients of ~20k numbers (norm ~150): clipping is on
+        assert shard.apply_update(step, lr=lr, clip_coef=coef) is True
+        for n, p in ref.items():
+            p.grad = torch.from_numpy(summed[n] * np.float32(coef))  # clipped in float32, as the shard does
+        for group in torch_opt.param_groups:
+            group["lr"] = lr
+        torch_opt.step()
+        weights, state, at = shard.snapshot()
+        assert at == step + 1
+        for n, p in ref.items():
+            assert_allclose(weights[n], p.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{n}, step {step}")
+            for k in ("exp_avg", "exp_avg_sq"):
+                expected = torch_opt.state[p][k].numpy()
+                assert_allclose(
+                    state[f"{n}.{k}"], expected, rtol=1e-6, atol=1e-9, err_msg=f"{n}.{k}, step {step}"
+                )

@@ -103,11 +103,11 @@ class JobService:
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job at once, or stop a running one (its processes are stopped now; the job
         is marked cancelled when its runner has wound down). Finished jobs raise IllegalTransition."""
-        job = self.store.get(job_id)
-        with self._lock:
+        with self._lock:  # the scheduler starts jobs under this lock: a queued job stays queued meanwhile
+            job = self.store.get(job_id)
             runner = self._running.get(job_id)
-        if job.status == "queued":
-            return self.store.transition(job_id, "cancelled", reason="cancelled by request")
+            if job.status == "queued":
+                return self.store.transition(job_id, "cancelled", reason="cancelled by request")
         if job.status == "running" and runner is not None:
             self.store.add_event(job_id, "status", {"status": "cancelling"})
             runner.cancel()

@@ -18,9 +18,11 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from numpy.testing import assert_allclose
+from numpy.testing import assert_allclose, assert_array_equal
+from safetensors.numpy import load_file
 
-from tests.integration.appliance import TINY, weightstream_cmd
+from tests.integration.appliance import TINY, metrics, run, weightstream_cmd
+from weightstream.checkpoint_layout import complete_checkpoints
 from weightstream.data import make_data_processor
 from weightstream.memoryx.storage import load_tensors
 from weightstream.numerics import forward_loss
@@ -232,18 +234,18 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
 
 def test_jobs_survive_a_killed_service(tmp_path: Path) -> None:
     service = Service(tmp_path / "data", slots=1).start()
-    client = service.client()
-    running = client.submit(_params(max_steps=100000, autoload_last_checkpoint=False), num_csx=1)
-    _wait_for(lambda: running.status() == "running")
-    resumable = client.submit(_params(max_steps=100000), num_csx=1)  # autoload: resumes after a restart
-    queued = client.submit(_params(max_steps=2), num_csx=1)
-    model_dir = Path(running.info()["params"]["runconfig"]["model_dir"])
-    _wait_for(lambda: len(_role_pids(model_dir)) == 5)
-    pids = _role_pids(model_dir)
-    service.stop(signal.SIGKILL)
-    _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # roles follow their coordinator
-    service.start()
     try:
+        client = service.client()
+        running = client.submit(_params(max_steps=100000, autoload_last_checkpoint=False), num_csx=1)
+        _wait_for(lambda: running.status() == "running")
+        resumable = client.submit(_params(max_steps=100000), num_csx=1)  # autoload: resumes after a restart
+        queued = client.submit(_params(max_steps=2), num_csx=1)
+        model_dir = Path(running.info()["params"]["runconfig"]["model_dir"])
+        _wait_for(lambda: len(_role_pids(model_dir)) == 5)
+        pids = _role_pids(model_dir)
+        service.stop(signal.SIGKILL)
+        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # roles follow their coordinator
+        service.start()
         client = service.client()
         info = client.job(running.id).info()
         assert info["status"] == "failed" and "restart" in info["error"]
@@ -252,7 +254,118 @@ def test_jobs_survive_a_killed_service(tmp_path: Path) -> None:
         client.job(resumable.id).cancel()
         client.job(queued.id).wait(progress=False, timeout_s=120)
     finally:
+        service.stop()  # also when an assertion above failed: no service left running
+
+
+def _logged_steps(model_dir: Path) -> list[int]:
+    """Train steps in the job's metrics.jsonl so far (a line still being written is skipped)."""
+    path = model_dir / "metrics.jsonl"
+    steps = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "loss" in row:
+            steps.append(row["step"])
+    return steps
+
+
+def _checkpoint_tensors(checkpoint: Path, prefix: str) -> dict[str, np.ndarray]:
+    """Every tensor of ``prefix`` (model or optimizer) in a checkpoint, merged over the shards' files."""
+    out: dict[str, np.ndarray] = {}
+    for f in sorted(checkpoint.glob(f"{prefix}*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _stop_leftovers(pids: set[int], model_dir: Path) -> None:
+    """SIGKILL those of ``pids`` still alive that are roles of this job (their command line names its
+    model_dir: a recycled pid is left alone). The test's last line of defence, whatever it asserted."""
+    import psutil
+
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if str(model_dir) in " ".join(proc.cmdline()):
+                proc.kill()
+        except psutil.Error:
+            pass
+
+
+def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    """SIGKILL of the service while a job trains past a checkpoint, then a restart on the same data dir:
+    the job is requeued (its history says why), resumes from its last checkpoint (not from step 0), redoes
+    the steps after it, succeeds, and ends with bitwise the weights, optimizer state and losses of an
+    uninterrupted `weightstream run` of the same params at the same num_csx; no role process is left."""
+    max_steps, every = 40, 8  # ~40 ms a step here: seconds of training, a checkpoint early on
+    params = _params(max_steps=max_steps, checkpoint_steps=every)
+    service = Service(tmp_path / "data", slots=1).start()
+    pids: set[int] = set()
+    model_dir = tmp_path / "unset"
+    try:
+        job = service.client().submit(params, num_csx=1)
+        model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
+        _wait_for(lambda: len(_role_pids(model_dir)) == 5)  # 2 MemoryX, SwarmX, activation, worker
+        pids.update(_role_pids(model_dir))
+
+        def past_a_checkpoint() -> bool:  # killed between checkpoints: the steps after one are redone
+            if job.status() != "running":  # fail now rather than at the timeout
+                pytest.fail(f"job is {job.status()} before the kill: {job.info().get('error')}")
+            cps = complete_checkpoints(model_dir)
+            return bool(cps) and max(_logged_steps(model_dir), default=0) > cps[-1][0]
+
+        _wait_for(past_a_checkpoint, timeout=120)
+        service.stop(signal.SIGKILL)
+        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # roles follow the service
+        done_before = max(_logged_steps(model_dir))
+        resume_step = complete_checkpoints(model_dir)[-1][0]
+        assert every <= resume_step < done_before < max_steps, (resume_step, done_before)
+
+        service.start()
+        job = service.client().job(job.id)
+        info = job.wait(progress=False, timeout_s=180)
+        pids.update(_role_pids(model_dir))
+        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # the resumed run's roles too
+        history = info["history"]
+        assert [h["status"] for h in history] == ["queued", "running", "queued", "running", "succeeded"]
+        assert "service restarted" in history[2]["reason"]
+
+        # resumed from the last checkpoint: a 'resuming' event naming it, then steps after it only
+        events = [e for e in job.events(follow=False) if e["kind"] != "keepalive"]
+        statuses = [(i, e["status"]) for i, e in enumerate(events) if e["kind"] == "status"]
+        requeued = [i for i, status in statuses if status == "queued"][-1]  # the restart's, not the submit's
+        resuming = [
+            i for i, e in enumerate(events) if e["kind"] == "progress" and e.get("status") == "resuming"
+        ]
+        assert len(resuming) == 1, f"{len(resuming)} 'resuming' events: the job did not resume exactly once"
+        assert resuming[0] > requeued, "the job resumed before the restart requeued it"
+        assert events[resuming[0]]["step"] == resume_step
+        after = [e["step"] for e in events[resuming[0] :] if e["kind"] == "step"]
+        assert after == list(range(resume_step + 1, max_steps + 1))
+        assert f"resuming from {model_dir / f'checkpoint_{resume_step}'}" in job.logs()
+
+        # the same run without the interruption: num_csx 1, same params (`weightstream run`)
+        params_path = tmp_path / "params.yaml"
+        params_path.write_text(yaml.safe_dump(params))
+        straight = tmp_path / "straight"
+        r = run(params_path, straight, "--num_csx", "1")
+        assert r.returncode == 0, r.stderr
+        straight_losses, _ = metrics(straight)
+        rows = job.metrics()["steps"]  # steps resume_step+1..done_before appear twice: run, then redone
+        assert len(rows) == max_steps + done_before - resume_step
+        for row in rows:
+            assert row["loss"] == straight_losses[row["step"]], f"step {row['step']}"
+        for prefix in ("model", "optimizer"):
+            got = _checkpoint_tensors(model_dir / f"checkpoint_{max_steps}", prefix)
+            want = _checkpoint_tensors(straight / f"checkpoint_{max_steps}", prefix)
+            assert sorted(got) == sorted(want) and got
+            for name, w in want.items():
+                assert_array_equal(got[name], w, err_msg=f"{prefix} {name}")
+                assert got[name].tobytes() == w.tobytes(), f"{prefix} {name}: equal, but not bitwise"
+    finally:
         service.stop()
+        _stop_leftovers(pids | set(_role_pids(model_dir) if model_dir.is_dir() else []), model_dir)
 
 
 def test_every_v1_route_needs_the_token(service: Service) -> None:

@@ -21,6 +21,7 @@ from weightstream.backends.kubernetes.manifests import (
     LABEL_ROLE,
     ClusterConfig,
     job_manifests,
+    job_object_name,
     role_addresses,
 )
 from weightstream.params import Params, model_def
@@ -181,10 +182,10 @@ class KubernetesBackend:
         ns = self.cluster.namespace
         calls = (
             lambda: self.api.delete_namespaced_config_map(
-                f"ws-{self.job_id}", ns, propagation_policy="Background"
+                job_object_name(self.job_id), ns, propagation_policy="Background"
             ),
             lambda: self.api.delete_collection_namespaced_pod(ns, label_selector=self._selector),
-            lambda: self.api.delete_namespaced_service(f"ws-{self.job_id}", ns),
+            lambda: self.api.delete_namespaced_service(job_object_name(self.job_id), ns),
         )
         for fn in calls:
             try:

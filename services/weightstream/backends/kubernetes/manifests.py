@@ -18,7 +18,7 @@ from weightstream.numerics import ModelDef
 from weightstream.params import Params
 from weightstream.plan import Plan
 
-__all__ = ["ClusterConfig", "cpu_cores", "job_manifests", "pod_name", "role_addresses"]
+__all__ = ["ClusterConfig", "cpu_cores", "job_manifests", "job_object_name", "pod_name", "role_addresses"]
 
 ROLE_PORT = 50051
 LABEL_JOB, LABEL_ROLE, LABEL_INDEX = "weightstream.io/job", "weightstream.io/role", "weightstream.io/index"
@@ -45,17 +45,18 @@ def cpu_cores(quantity: str) -> int:
     return max(1, int(cores))
 
 
-def _name(job_id: str) -> str:
+def job_object_name(job_id: str) -> str:
+    """The name of the job's owner ConfigMap and headless Service; pods are named after it."""
     return f"ws-{job_id}"
 
 
 def pod_name(job_id: str, role: RoleSpec) -> str:
-    return f"{_name(job_id)}-{role.kind}-{role.index}"
+    return f"{job_object_name(job_id)}-{role.kind}-{role.index}"
 
 
 def role_addresses(job_id: str, plan: Plan, cluster: ClusterConfig) -> dict[str, list[str]]:
     """The address of every role, by kind and index, from DNS names alone (known before any pod runs)."""
-    svc = f"{_name(job_id)}.{cluster.namespace}.svc.cluster.local"
+    svc = f"{job_object_name(job_id)}.{cluster.namespace}.svc.cluster.local"
     return {kind: [f"{kind}-{i}.{svc}:{ROLE_PORT}" for i in range(n)] for kind, n in plan.counts().items()}
 
 
@@ -127,7 +128,7 @@ def _pod(
         },
         "spec": {
             "hostname": f"{role.kind}-{role.index}",
-            "subdomain": _name(job_id),
+            "subdomain": job_object_name(job_id),
             "restartPolicy": "Never",  # a role that dies fails the job; the coordinator reports why
             # the image's non-root user; fsGroup lets it write the shared data volume
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
@@ -154,10 +155,11 @@ def job_manifests(
     owner_uid: str = "<uid of the job's ConfigMap, set on creation>",
 ) -> list[dict[str, Any]]:
     """Every object of one job, the owner first. ``owner_uid`` is known only once the owner exists."""
+    name = job_object_name(job_id)
     owner_cm = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": _name(job_id), "namespace": cluster.namespace, "labels": _labels(job_id)},
+        "metadata": {"name": name, "namespace": cluster.namespace, "labels": _labels(job_id)},
         "data": {
             "params.json": json.dumps(params.model_dump(mode="json")),
             "plan.json": json.dumps(plan.to_dict()),
@@ -166,7 +168,7 @@ def job_manifests(
     owner = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "name": _name(job_id),
+        "name": job_object_name(job_id),
         "uid": owner_uid,
         "controller": True,
         "blockOwnerDeletion": True,
@@ -175,7 +177,7 @@ def job_manifests(
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": _name(job_id),
+            "name": job_object_name(job_id),
             "namespace": cluster.namespace,
             "labels": _labels(job_id),
             "ownerReferences": [owner],

@@ -1,0 +1,273 @@
+"""The job service's scheduler with fake runners: priority order, slots, cancel, failures, restart.
+
+A fake runner blocks in ``run()`` until the test finishes it (or cancels or stops it), so every test
+decides exactly when slots free up. The order jobs start in is the order the factory is called
+(``_start`` runs under the scheduler's lock, one job after another).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.appliance import TINY
+from weightstream.jobs.service import CapacityError, JobService, ServiceConfig
+from weightstream.jobs.store import Job, JobStore
+from weightstream.params import Params, load_params
+from weightstream.training.runner import JobCancelled, JobFailed, RunSummary
+
+
+def wait_for(predicate: Callable[[], bool], what: Callable[[], str], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` until it holds; on timeout fail with ``what()`` (the state as it is then)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what()}")
+        time.sleep(0.01)
+
+
+class FakeRunner:
+    """Blocks in ``run()`` until finished, cancelled or stopped; then succeeds, fails or is cancelled."""
+
+    def __init__(self, job: Job) -> None:
+        self.model_dir = Path(job.model_dir)
+        self.cancelled = threading.Event()
+        self._go = threading.Event()
+        self._error: BaseException | None = None
+        self._stopped = False
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._go.set()
+
+    def run(self) -> RunSummary:
+        if not self._go.wait(timeout=30):  # a forgotten runner must not hang the suite
+            raise JobFailed("fake runner was never finished")
+        if self.cancelled.is_set():
+            raise JobCancelled("cancelled")
+        if self._stopped:  # as JobRunner: its roles are stopped, so run fails
+            raise JobFailed("stopped: the service is shutting down")
+        if self._error is not None:
+            raise self._error
+        return RunSummary(1, 0, 1, 0.5, None, None, 0.0)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self._go.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._go.set()
+
+
+class Fleet:
+    """The runner factory. Jobs are told apart by their ``name`` label; ``instant`` ones succeed at once,
+    ``broken`` ones make the factory raise."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []  # names, in the order the scheduler started them
+        self.runners: dict[str, FakeRunner] = {}
+        self.instant: set[str] = set()
+        self.broken: set[str] = set()
+
+    def __call__(self, job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]) -> FakeRunner:
+        name = job.labels["name"]
+        if name in self.broken:
+            raise RuntimeError(f"no backend for {name}")
+        self.started.append(name)
+        self.runners[name] = runner = FakeRunner(job)
+        if name in self.instant:
+            runner.finish()
+        return runner
+
+
+class Harness:
+    def __init__(self, data_dir: Path, slots: int, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.service = JobService(ServiceConfig(data_dir=data_dir, slots=slots), runner_factory=fleet)
+        self.ids: dict[str, str] = {}
+
+    def submit(self, name: str, num_csx: int = 1, priority: int = 2) -> Job:
+        job = self.service.submit(copy.deepcopy(TINY), num_csx, {"name": name}, priority)
+        self.ids[name] = job.id
+        return job
+
+    def job(self, name: str) -> Job:
+        return self.service.store.get(self.ids[name])
+
+    def status(self, name: str) -> str:
+        return self.job(name).status
+
+    def wait_status(self, name: str, status: str) -> None:
+        wait_for(lambda: self.status(name) == status, lambda: f"{name} {status} (is {self.status(name)})")
+
+    def wait_started(self, *names: str) -> None:
+        wait_for(
+            lambda: self.fleet.started[: len(names)] == list(names),
+            lambda: f"started {list(names)} (started {self.fleet.started})",
+        )
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(slots: int, fleet: Fleet | None = None) -> Harness:
+        made.append(Harness(tmp_path, slots, fleet or Fleet()))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            h.service.shutdown()
+
+
+def test_jobs_start_in_priority_order_fifo_within_a_priority(harness: Callable[..., Harness]) -> None:
+    """With one slot, queued jobs run 1 before 2 before 3, and in submission order within a priority."""
+    h = harness(slots=1)
+    h.submit("blocker")
+    h.wait_started("blocker")  # the slot is taken before the rest is queued: they all queue
+    h.fleet.instant |= {"p3", "p2a", "p1a", "p2b", "p1b"}
+    for name, prio in [("p3", 3), ("p2a", 2), ("p1a", 1), ("p2b", 2), ("p1b", 1)]:
+        h.submit(name, priority=prio)
+    h.fleet.runners["blocker"].finish()
+    h.wait_started("blocker", "p1a", "p1b", "p2a", "p2b", "p3")
+    h.wait_status("p3", "succeeded")
+
+
+def test_the_head_of_the_queue_is_never_overtaken(harness: Callable[..., Harness]) -> None:
+    """A job wanting 2 slots while 1 is free waits, and a 1-slot job behind it does not jump ahead."""
+    h = harness(slots=2)
+    h.submit("a")
+    h.wait_started("a")
+    passes = [0]
+    queue = h.service.store.queue
+
+    def counting_queue() -> list[Job]:
+        passes[0] += 1
+        return queue()
+
+    h.service.store.queue = counting_queue  # type: ignore[method-assign]
+    h.submit("big", num_csx=2)
+    h.submit("small", num_csx=1)
+    seen = passes[0]
+    # two more passes: one that began after both were queued has finished deciding
+    wait_for(lambda: passes[0] >= seen + 2, lambda: "two scheduler passes")
+    assert h.fleet.started == ["a"]
+    assert h.status("big") == h.status("small") == "queued"
+    h.fleet.runners["a"].finish()
+    h.wait_started("a", "big")
+    assert h.status("small") == "queued"  # big holds both slots now
+    h.fleet.runners["big"].finish()
+    h.wait_started("a", "big", "small")
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled"])
+def test_slots_are_released_when_a_job_ends(harness: Callable[..., Harness], outcome: str) -> None:
+    """However the running job ends, its slot goes to the next job."""
+    h = harness(slots=1)
+    h.submit("first")
+    h.wait_started("first")
+    h.submit("next")
+    runner = h.fleet.runners["first"]
+    if outcome == "succeeded":
+        runner.finish()
+    elif outcome == "failed":
+        runner.finish(JobFailed("role died"))
+    else:
+        h.service.cancel(h.ids["first"])
+    h.wait_status("first", outcome)
+    h.wait_started("first", "next")
+    h.wait_status("next", "running")
+
+
+def test_cancel_of_a_queued_job_is_immediate_and_it_never_starts(harness: Callable[..., Harness]) -> None:
+    h = harness(slots=1)
+    h.submit("running")
+    h.wait_started("running")
+    h.submit("doomed")
+    assert h.service.cancel(h.ids["doomed"]).status == "cancelled"
+    h.submit("after")  # behind "doomed" in the queue: if "doomed" were still queued it would go first
+    h.fleet.runners["running"].finish()
+    h.wait_started("running", "after")
+    assert h.fleet.started == ["running", "after"]
+    assert h.status("doomed") == "cancelled"
+
+
+def test_cancel_of_a_running_job_cancels_its_runner(harness: Callable[..., Harness]) -> None:
+    """The runner is told to cancel; the job is cancelled once its runner has wound down."""
+    h = harness(slots=1)
+    h.submit("job")
+    h.wait_started("job")
+    h.wait_status("job", "running")
+    h.service.cancel(h.ids["job"])
+    assert h.fleet.runners["job"].cancelled.is_set()
+    h.wait_status("job", "cancelled")
+    events = h.service.store.events(h.ids["job"], kinds=("status",))
+    assert {"status": "cancelling"} in [e["data"] for e in events]
+
+
+@pytest.mark.parametrize("error", [JobFailed("role died: worker-1 exited 3"), ValueError("bad shape")])
+def test_a_runner_that_raises_fails_its_job_with_the_error(
+    harness: Callable[..., Harness], error: Exception
+) -> None:
+    h = harness(slots=1)
+    h.submit("job")
+    h.wait_started("job")
+    h.fleet.runners["job"].finish(error)
+    h.wait_status("job", "failed")
+    assert h.job("job").error == str(error)
+
+
+def test_a_job_that_cannot_start_fails_and_the_next_one_runs(harness: Callable[..., Harness]) -> None:
+    """The factory raising fails that job ("could not start") and frees its slot for the next."""
+    fleet = Fleet()
+    fleet.broken.add("broken")
+    h = harness(slots=1, fleet=fleet)
+    h.submit("broken", priority=1)
+    h.submit("fine", priority=2)
+    h.wait_status("broken", "failed")
+    assert h.job("broken").error == "could not start: no backend for broken"
+    h.wait_started("fine")
+    h.wait_status("fine", "running")
+
+
+def test_more_csx_than_slots_is_refused_at_submit(harness: Callable[..., Harness]) -> None:
+    h = harness(slots=2)
+    with pytest.raises(CapacityError, match="num_csx=4 exceeds"):
+        h.submit("huge", num_csx=4)  # 4 divides the batch of 8: only the slots can refuse it
+    assert h.service.store.list() == []
+
+
+@pytest.mark.parametrize(("autoload", "status"), [(True, "queued"), (False, "failed")])
+def test_a_job_running_at_a_restart_resumes_or_fails(
+    harness: Callable[..., Harness], tmp_path: Path, autoload: bool, status: str
+) -> None:
+    """A job left ``running`` by a service that died is requeued (and runs again) if its params
+    autoload the last checkpoint, else failed; never lost, never left running."""
+    raw = copy.deepcopy(TINY)
+    raw["runconfig"]["autoload_last_checkpoint"] = autoload
+    store = JobStore(tmp_path / "jobs.sqlite")  # the state a crashed service leaves behind
+    params = load_params(raw).model_dump(mode="json")
+    store.create("crashed", params, 1, {"name": "crashed"}, 2, tmp_path / "jobs" / "crashed")
+    store.transition("crashed", "running")
+    store.close()
+
+    h = harness(slots=1)
+    h.ids["crashed"] = "crashed"
+    assert [e["status"] for e in h.job("crashed").history][:3] == ["queued", "running", status]
+    if autoload:
+        h.wait_started("crashed")
+        h.wait_status("crashed", "running")
+    else:
+        assert h.job("crashed").error == "interrupted by a service restart"
+        h.submit("later")  # the scheduler is going: the failed job was not started before it
+        h.wait_started("later")
+        assert h.fleet.started == ["later"]
