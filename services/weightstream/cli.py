@@ -80,6 +80,7 @@ def train_reference(
 ) -> None:
     """Train in this one process with every weight resident (the numpy reference the appliance must match)."""
     from weightstream.console import train_reference as run_reference  # keeps `--help` fast
+    from weightstream.training.divergence import TrainingDiverged
 
     p = _load(params, num_csx=num_csx, max_steps=max_steps)
     try:
@@ -87,6 +88,9 @@ def train_reference(
     except DataError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+    except TrainingDiverged as e:
+        err.print(f"[red]error:[/red] {e}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -249,3 +249,28 @@ def test_bfloat16_on_the_wire_trains_close_to_float32(tmp_path: Path, reference)
     for step, loss in ref_losses.items():
         assert_allclose(losses[step], loss, rtol=2e-2, err_msg=f"step {step}")
     assert losses[8] < losses[1]
+
+
+def test_a_diverging_run_fails_at_the_step_and_leaves_only_finite_checkpoints(tmp_path: Path) -> None:
+    """SGD at learning rate 1e6 without clipping: step 3's gradient norm is NaN. The job fails naming that
+    step, applies no update from it, and every checkpoint it wrote (one per step) holds finite values."""
+    p = write_params(tmp_path, max_steps=6, checkpoint_steps=1)
+    raw = yaml.safe_load(p.read_text())
+    raw["optimizer"] = {"optimizer_type": "sgd", "learning_rate": 1.0e6}
+    p.write_text(yaml.safe_dump(raw))
+    r = run(p, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    message = " ".join(r.stderr.split())
+    assert "training diverged at step 3" in message and "gradient norm is nan" in message, message
+    checkpoints = sorted(d.name for d in (tmp_path / "m").glob("checkpoint_*"))
+    assert checkpoints == ["checkpoint_1", "checkpoint_2"]
+    for d in checkpoints:
+        for f in (tmp_path / "m" / d).glob("*.safetensors"):
+            for name, t in load_file(f).items():
+                assert np.isfinite(t).all(), f"{d}/{f.name}: {name}"
+
+    def no_constants(c: str) -> float:
+        raise AssertionError(f"metrics.jsonl holds {c}")
+
+    rows = (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line, parse_constant=no_constants)["step"] for line in rows] == [1, 2]

@@ -239,3 +239,33 @@ def test_resolved_params_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda f: f.stem)
 def test_shipped_examples_are_valid(example: Path) -> None:
     load_params(example)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "path"),
+    [
+        ("optimizer", "learning_rate", float("inf"), "optimizer.learning_rate"),
+        ("optimizer", "learning_rate", "Infinity", "optimizer.learning_rate"),
+        ("optimizer", "betas", [float("nan"), 0.999], "optimizer.betas[0]"),
+        ("optimizer", "eps", "nan", "optimizer.eps"),
+        ("optimizer", "max_gradient_norm", float("-inf"), "optimizer.max_gradient_norm"),
+        ("runconfig", "rpc_timeout_s", float("inf"), "runconfig.rpc_timeout_s"),
+    ],
+    ids=["lr-inf", "lr-Infinity-string", "beta-nan", "eps-nan-string", "clip-minus-inf", "timeout-inf"],
+)
+def test_non_finite_numbers_are_rejected(section: str, key: str, value: Any, path: str) -> None:
+    """A NaN or an infinity is never a setting (YAML's .inf/.nan, or strings pydantic would coerce)."""
+    raw = copy.deepcopy(GOOD)
+    raw[section][key] = value
+    with pytest.raises(ParamsError) as e:
+        load_params(raw)
+    assert any(p.path.startswith(path) for p in e.value.problems), e.value
+
+
+def test_non_finite_number_inside_a_schedule_piece_is_rejected() -> None:
+    raw = copy.deepcopy(GOOD)
+    raw["optimizer"]["learning_rate"] = [
+        {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": ".inf", "total_iters": 5}
+    ]
+    with pytest.raises(ParamsError, match=r"optimizer\.learning_rate\[0\]\.end_learning_rate"):
+        load_params(raw)

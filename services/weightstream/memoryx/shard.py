@@ -185,10 +185,17 @@ class MemoryXShard:
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
-        """(weights, optimizer state flattened as '<tensor>.<state>', step), for writing a checkpoint."""
+        """(weights, optimizer state flattened as '<tensor>.<state>', step), for writing a checkpoint.
+        Raises ValueError naming the tensors if any value is NaN or infinite: such a checkpoint is never
+        written (the coordinator stops a diverging run earlier; this holds whatever it does)."""
         with self._cond:
             state = {f"{n}.{k}": v for n in self.names for k, v in self.state[n].items()}
-            return dict(self.weights), state, self.step
+            weights = dict(self.weights)
+            bad = [n for n, t in (*weights.items(), *state.items()) if not np.isfinite(t).all()]
+            if bad:
+                shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+                raise ValueError(f"refusing to checkpoint step {self.step}: non-finite values in {shown}")
+            return weights, state, self.step
 
     def _load(self, resume_dir: str) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], int]:
         weights, step = load_tensors(resume_dir, "model", self.names)

@@ -33,7 +33,8 @@ __all__ = [
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: a NaN or infinity (``.inf``, "Infinity") anywhere in params is an error, never a value
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 DataProcessor = Literal[

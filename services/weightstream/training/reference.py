@@ -17,6 +17,7 @@ from weightstream.numerics import forward_backward, forward_loss, init_params
 from weightstream.numerics.model import accumulate_grads
 from weightstream.numerics.optim import clip_coefficient, grad_sq_sum, init_state, optimizer_step
 from weightstream.params import Params, model_def, optimizer_config
+from weightstream.training.divergence import check_finite
 
 __all__ = ["ReferenceTrainer", "StepResult"]
 
@@ -59,9 +60,12 @@ class ReferenceTrainer:
         return loss, grads, denom
 
     def train_step(self) -> StepResult:
+        """One step; raises TrainingDiverged (weights untouched) if its loss or gradient norm is not
+        finite."""
         t0 = time.perf_counter()
         loss, grads, tokens = self.gradients(self.step)
         norm, coef = clip_coefficient((grad_sq_sum(g) for g in grads.values()), self.opt.max_gradient_norm)
+        check_finite(self.step + 1, loss=loss, gradient_norm=norm)  # raises before the update
         lr = self.opt.learning_rate(self.step)
         for name, g in grads.items():
             if coef != 1.0:

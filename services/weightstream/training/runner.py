@@ -29,6 +29,7 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.training.cadence import Cadence
 from weightstream.training.checkpoints import finish_checkpoint, partial_dir
+from weightstream.training.divergence import TrainingDiverged, check_finite
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -206,11 +207,16 @@ class JobRunner:
         replies = self._rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
         sq = [r.sq_sum for r in self._rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
+        loss = sum(r.loss for r in replies)
+        try:  # before ApplyUpdate: the weights stay those of the last finite step
+            check_finite(step + 1, loss=loss, gradient_norm=norm)
+        except TrainingDiverged as e:
+            raise JobFailed(str(e)) from e
         lr = self.opt.learning_rate(step)
         self._rpc_all("memoryx", "ApplyUpdate", pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef))
         return {
             "step": step + 1,
-            "loss": sum(r.loss for r in replies),
+            "loss": loss,
             "learning_rate": lr,
             "grad_norm": norm,
             "tokens": sum(r.tokens for r in replies),
@@ -262,6 +268,10 @@ class JobRunner:
         eval_loss = (
             sum(r.loss for r in self._rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))) / n
         )
+        try:
+            check_finite(step, eval_loss=eval_loss)
+        except TrainingDiverged as e:
+            raise JobFailed(str(e)) from e
         self.log.info("step %d eval_loss %.5f", step, eval_loss)
         self._emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss
