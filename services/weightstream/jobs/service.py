@@ -66,8 +66,7 @@ class JobService:
         self.jobs_dir = config.data_dir / "jobs"
         self.store = JobStore(config.data_dir / "jobs.sqlite")
         self._make_runner = runner_factory or self._job_runner
-        self._running: dict[str, Runner] = {}
-        self._num_csx: dict[str, int] = {}  # CS-2 slots held by each running job
+        self._running: dict[str, tuple[Runner, int]] = {}  # job id -> (its runner, the CS-2 slots it holds)
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -105,7 +104,7 @@ class JobService:
         is marked cancelled when its runner has wound down). Finished jobs raise IllegalTransition."""
         with self._lock:  # the scheduler starts jobs under this lock: a queued job stays queued meanwhile
             job = self.store.get(job_id)
-            runner = self._running.get(job_id)
+            runner, _ = self._running.get(job_id, (None, 0))
             if job.status == "queued":
                 return self.store.transition(job_id, "cancelled", reason="cancelled by request")
         if job.status == "running" and runner is not None:
@@ -133,7 +132,7 @@ class JobService:
     def _schedule(self) -> None:
         while not self._stopped.is_set():
             with self._lock:
-                free = self.config.slots - sum(self._num_csx[j] for j in self._running)
+                free = self.config.slots - sum(n for _, n in self._running.values())
                 for job in self.store.queue():  # strict order: the head of the queue is never overtaken
                     if job.num_csx > free:
                         break
@@ -142,7 +141,6 @@ class JobService:
                     except Exception as e:  # a job that cannot start fails; the scheduler goes on
                         log.exception("job %s could not start", job.id)
                         self._running.pop(job.id, None)
-                        self._num_csx.pop(job.id, None)
                         self.store.transition(job.id, "failed", error=f"could not start: {e}")
                         continue
                     free -= job.num_csx
@@ -153,8 +151,7 @@ class JobService:
         self.store.transition(job.id, "running")
         params = load_params(job.params)
         runner = self._make_runner(job, params, lambda e, j=job.id: self._on_event(j, e))
-        self._running[job.id] = runner
-        self._num_csx[job.id] = job.num_csx
+        self._running[job.id] = (runner, job.num_csx)
         thread = threading.Thread(target=self._run, args=(job.id, runner), name=f"job-{job.id}", daemon=True)
         self._threads[job.id] = thread
         thread.start()
@@ -193,7 +190,6 @@ class JobService:
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
-                self._num_csx.pop(job_id, None)
             self._wake.set()
 
     def _on_event(self, job_id: str, event: dict[str, Any]) -> None:
@@ -208,7 +204,7 @@ class JobService:
         self._stopped.set()
         self._wake.set()
         with self._lock:
-            runners = list(self._running.values())
+            runners = [r for r, _ in self._running.values()]
         for r in runners:
             r.stop()
         for t in list(self._threads.values()):
