@@ -80,7 +80,7 @@ def train_reference(
 ) -> None:
     """Train in this one process with every weight resident (the numpy reference the appliance must match)."""
     from weightstream.console import train_reference as run_reference  # keeps `--help` fast
-    from weightstream.training.divergence import TrainingDiverged
+    from weightstream.training.errors import TrainingDiverged
 
     p = _load(params, num_csx=num_csx, max_steps=max_steps)
     try:

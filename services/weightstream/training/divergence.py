@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import math
 
+from weightstream.training.errors import TrainingDiverged
+
 __all__ = ["TrainingDiverged", "check_finite"]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm of a step is NaN or infinite."""
 
 
 def check_finite(step: int, **quantities: float) -> None:

@@ -75,11 +75,14 @@ class ReferenceTrainer:
         return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
 
     def evaluate(self) -> float:
-        """Mean loss over ``runconfig.eval_steps`` batches of the eval split."""
+        """Mean loss over ``runconfig.eval_steps`` batches of the eval split; TrainingDiverged if it is
+        not finite."""
         if self.eval_data is None:
             raise ValueError("params have no eval_input section")
         losses = []
         for s in range(self.params.runconfig.eval_steps):
             x, y = self.eval_data.global_batch(s)
             losses.append(forward_loss(self.model, self.weights, x, y, y.size))
-        return float(np.mean(losses))
+        eval_loss = float(np.mean(losses))
+        check_finite(self.step, eval_loss=eval_loss)
+        return eval_loss

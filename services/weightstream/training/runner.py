@@ -29,7 +29,8 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.training.cadence import Cadence
 from weightstream.training.checkpoints import finish_checkpoint, partial_dir
-from weightstream.training.divergence import TrainingDiverged, check_finite
+from weightstream.training.divergence import check_finite
+from weightstream.training.errors import JobCancelled, JobFailed
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -53,14 +54,6 @@ def job_log(model_dir: Path, job_id: str) -> Iterator[logging.Logger]:
     finally:
         logger.removeHandler(handler)
         handler.close()
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on; the message names the role and what happened."""
-
-
-class JobCancelled(RuntimeError):
-    """The job was cancelled; every role was stopped, checkpoints written so far are intact."""
 
 
 @dataclass(frozen=True)
@@ -208,10 +201,7 @@ class JobRunner:
         sq = [r.sq_sum for r in self._rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
         loss = sum(r.loss for r in replies)
-        try:  # before ApplyUpdate: the weights stay those of the last finite step
-            check_finite(step + 1, loss=loss, gradient_norm=norm)
-        except TrainingDiverged as e:
-            raise JobFailed(str(e)) from e
+        check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
         lr = self.opt.learning_rate(step)
         self._rpc_all("memoryx", "ApplyUpdate", pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef))
         return {
@@ -268,10 +258,7 @@ class JobRunner:
         eval_loss = (
             sum(r.loss for r in self._rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))) / n
         )
-        try:
-            check_finite(step, eval_loss=eval_loss)
-        except TrainingDiverged as e:
-            raise JobFailed(str(e)) from e
+        check_finite(step, eval_loss=eval_loss)
         self.log.info("step %d eval_loss %.5f", step, eval_loss)
         self._emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss

@@ -47,3 +47,20 @@ def test_memoryx_refuses_to_snapshot_non_finite_tensors() -> None:
     shard.weights["transformer.h.1.mlp.c_fc.bias"][3] = np.inf
     with pytest.raises(ValueError, match=r"non-finite values in transformer\.h\.1\.mlp\.c_fc\.bias"):
         shard.snapshot()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_non_finite_eval_loss_stops_the_reference_trainer() -> None:
+    trainer = ReferenceTrainer(load_params(TINY))
+    trainer.train_step()
+    assert math.isfinite(trainer.evaluate())
+    trainer.weights["transformer.ln_f.bias"][:] = np.nan
+    with pytest.raises(TrainingDiverged, match=r"step 1: the eval loss is nan"):
+        trainer.evaluate()
+
+
+def test_divergence_is_a_job_failure() -> None:
+    """The service and the console treat a diverged run as failed, with its message."""
+    from weightstream.training.errors import JobFailed
+
+    assert issubclass(TrainingDiverged, JobFailed)
