@@ -26,6 +26,6 @@ WORKDIR /home/weightstream
 EXPOSE 50051 8080 50050
 # Roles answer their Health RPC on 50051 (the generated pods probe it the same way); for `serve`, whose
 # REST API has /healthz, override the check or rely on the chart's probes.
-HEALTHCHECK --interval=30s --timeout=10s --start-period=20s CMD ["weightstream", "health", "--address", "127.0.0.1:50051"]
+HEALTHCHECK --interval=30s --timeout=10s --start-period=20s CMD ["weightstream", "health"]
 ENTRYPOINT ["weightstream"]
 CMD ["--help"]

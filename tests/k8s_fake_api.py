@@ -1,12 +1,17 @@
-"""A small fake of the Kubernetes API server: real HTTP on loopback, the routes the backend uses.
+"""A small fake of the Kubernetes API server: real HTTP on loopback, the routes its clients use.
 
-Stores ConfigMaps, Services and Pods per namespace, assigns uids, filters by label selector, emulates the
-garbage collector (deleting an owner deletes what points at it), and lets a test set a pod's status the
-way a kubelet would. The real ``kubernetes`` client talks to it, so requests and responses are real.
+Stores the kinds the Kubernetes backend and the Helm chart create (``_RESOURCES``) per namespace, assigns
+uids, turns a Secret's ``stringData`` into base64 ``data`` as the API server does, filters by label
+selector, emulates the garbage collector (deleting an owner deletes what points at it), and lets a test
+set a pod's status the way a kubelet would. It answers discovery (``/version``, ``/api``, ``/apis``) too, so
+Helm can install the chart into it. The real ``kubernetes`` client and the real Helm engine talk to it,
+so requests and responses are real (JSON only: Helm must keep its release records in memory,
+``HELM_DRIVER=memory``, as its typed Secret client would speak protobuf).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -15,10 +20,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+# group/version -> resource -> kind ("v1" is the core group, served under /api/v1)
+_RESOURCES = {
+    "v1": {
+        "configmaps": "ConfigMap",
+        "secrets": "Secret",
+        "services": "Service",
+        "pods": "Pod",
+        "serviceaccounts": "ServiceAccount",
+        "persistentvolumeclaims": "PersistentVolumeClaim",
+    },
+    "apps/v1": {"deployments": "Deployment"},
+    "rbac.authorization.k8s.io/v1": {"roles": "Role", "rolebindings": "RoleBinding"},
+    "networking.k8s.io/v1": {"networkpolicies": "NetworkPolicy"},
+}
+_KINDS = {plural: kind for resources in _RESOURCES.values() for plural, kind in resources.items()}
+_GROUP_VERSION = {plural: gv for gv, resources in _RESOURCES.items() for plural in resources}
 _PATH = re.compile(
-    r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|services|pods)(?:/(?P<name>[^/]+))?$"
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<kind>[a-z]+)(?:/(?P<name>[^/]+))?$"
 )
-_KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod"}
 
 
 class FakeKubernetesAPI:
@@ -43,8 +63,11 @@ class FakeKubernetesAPI:
             def _route(self, method: str) -> None:
                 url = urlparse(self.path)
                 api.requests.append((method, url.path))
+                if (found := _discovery(url.path)) is not None:
+                    return self._reply(200, found)
                 m = _PATH.match(url.path)
-                if m is None:
+                gv = f"{m['group']}/v1" if m and m["group"] else "v1"
+                if m is None or _GROUP_VERSION.get(m["kind"]) != gv:
                     return self._reply(404, _status(404, "NotFound", f"no route {url.path}"))
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 length = int(self.headers.get("Content-Length") or 0)
@@ -91,6 +114,10 @@ class FakeKubernetesAPI:
                 obj["metadata"].update(uid=str(uuid.uuid4()), namespace=ns, resourceVersion="1")
                 if k == "Pod":
                     obj["status"] = {"phase": "Pending", "conditions": []}
+                if k == "Secret":  # stored and returned as base64 data only
+                    data = obj.setdefault("data", {})
+                    for field, value in obj.pop("stringData", {}).items():
+                        data[field] = base64.b64encode(value.encode()).decode()
                 self.objects[key] = obj
                 return 201, obj
             if method == "GET" and name is None:
@@ -129,8 +156,11 @@ class FakeKubernetesAPI:
             self.objects[("Pod", ns, name)]["status"] = status
 
     def pods(self, ns: str = "default") -> list[dict[str, Any]]:
+        return self.of_kind("Pod", ns)
+
+    def of_kind(self, kind: str, ns: str = "default") -> list[dict[str, Any]]:
         with self.lock:
-            return [o for (k, n, _), o in self.objects.items() if k == "Pod" and n == ns]
+            return [o for (k, n, _), o in self.objects.items() if k == kind and n == ns]
 
 
 def running_ready() -> dict[str, Any]:
@@ -155,6 +185,34 @@ def _matches(obj: dict[str, Any], selector: str | None) -> bool:
         return True
     labels = obj["metadata"].get("labels", {})
     return all(labels.get(k) == v for k, v in (part.split("=", 1) for part in selector.split(",")))
+
+
+def _discovery(path: str) -> dict[str, Any] | None:
+    """What the API server says about itself at ``path``, or None when ``path`` is not discovery."""
+    if path == "/version":
+        return {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "platform": "linux/amd64"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/apis":
+        groups = [
+            {
+                "name": gv.split("/")[0],
+                "versions": [{"groupVersion": gv, "version": "v1"}],
+                "preferredVersion": {"groupVersion": gv, "version": "v1"},
+            }
+            for gv in _RESOURCES
+            if gv != "v1"
+        ]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    gv = path.removeprefix("/api/").removeprefix("/apis/")
+    if gv not in _RESOURCES or path not in (f"/api/{gv}", f"/apis/{gv}"):
+        return None
+    verbs = ["create", "delete", "deletecollection", "get", "list"]
+    resources = [
+        {"name": plural, "singularName": "", "namespaced": True, "kind": kind, "verbs": verbs}
+        for plural, kind in _RESOURCES[gv].items()
+    ]
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

@@ -6,8 +6,9 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import yaml
@@ -40,15 +41,48 @@ def _last_reason(job: dict[str, Any]) -> str:
     return next((h["reason"] for h in reversed(job.get("history", [])) if h.get("reason")), "no reason given")
 
 
+def _is_file(params: str | Path) -> bool:
+    try:
+        return Path(params).is_file()
+    except OSError:  # e.g. YAML text with a line longer than a file name may be: then it is no path
+        return False
+
+
 def load_params(params: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-    """A params mapping, or a path to a YAML file, or YAML text."""
+    """A params mapping, or a path to a YAML file, or YAML text. Raises ValueError naming the file (and
+    the line, for a YAML syntax error) when it is not a YAML mapping."""
     if isinstance(params, Mapping):
         return dict(params)
-    text = Path(params).read_text(encoding="utf-8") if Path(str(params)).is_file() else str(params)
-    loaded = yaml.safe_load(text)
+    is_file = _is_file(params)
+    source = str(params) if is_file else "the params text"
+    try:
+        text = Path(params).read_text(encoding="utf-8") if is_file else str(params)
+        loaded = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else source
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML: {problem}") from e
     if not isinstance(loaded, dict):
-        raise ValueError(f"params must be a mapping (a YAML file with sections), got {type(loaded).__name__}")
+        got = type(loaded).__name__
+        raise ValueError(f"{source}: params must be a mapping (YAML with sections), got {got}")
     return loaded
+
+
+def _plain_file_name(name: object) -> str:
+    """``name`` if it is a plain file name, safe to join to a directory on any OS: a non-empty string
+    with no separator ('/' or '\\'), no drive, no NUL, and neither '.' nor '..'. Raises ValueError."""
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "\x00" in name
+        or PurePosixPath(name).name != name
+        or PureWindowsPath(name).name != name
+    ):
+        raise ValueError(f"{name!r} is not a plain file name")
+    return name
 
 
 class Client:
@@ -208,20 +242,47 @@ class Job:
                 "not_found",
                 f"job {self.id} has no checkpoint at step {step}; has {[c['step'] for c in cps]}",
             )
-        out = Path(directory) / f"checkpoint_{cp['step']}"
+        step_, files = _checked_listing(self.id, cp)  # before anything is written
+        out = Path(directory) / f"checkpoint_{step_}"
         out.mkdir(parents=True, exist_ok=True)
-        for f in cp["files"]:
-            tmp = out / (f["name"] + ".partial")
-            url = f"/v1/jobs/{self.id}/checkpoints/{cp['step']}/files/{f['name']}"
+        for name, size in files:
+            tmp = out / (name + ".partial")
+            url = f"/v1/jobs/{quote(self.id, safe='')}/checkpoints/{step_}/files/{quote(name, safe='')}"
             with self.client._http.stream("GET", url, timeout=None) as r, open(tmp, "wb") as fh:
                 if r.status_code >= 400:
-                    raise ApiError(r.status_code, "http_error", f"download of {f['name']} failed")
+                    raise ApiError(r.status_code, "http_error", f"download of {name} failed")
                 for chunk in r.iter_bytes(1 << 20):
                     fh.write(chunk)
-            if tmp.stat().st_size != f["size"]:
-                raise ApiError(0, "incomplete", f"{f['name']}: got {tmp.stat().st_size} of {f['size']} bytes")
-            tmp.replace(out / f["name"])
+            if tmp.stat().st_size != size:
+                raise ApiError(0, "incomplete", f"{name}: got {tmp.stat().st_size} of {size} bytes")
+            tmp.replace(out / name)
         return out
+
+
+def _checked_listing(job_id: str, cp: dict[str, Any]) -> tuple[int, list[tuple[str, int]]]:
+    """A checkpoint as the server listed it, as (step, [(file name, size)]), once every part of it is
+    safe to use in a local path: the client writes where the server's names say, so a name such as
+    '../../.bashrc' from a broken or hostile server must stop the download, not be followed."""
+    step, files = cp.get("step"), cp.get("files")
+    if type(step) is not int or step < 0 or not isinstance(files, list):
+        raise ApiError(0, "bad_listing", f"job {job_id}: the server listed a malformed checkpoint {cp!r}")
+    checked = []
+    for f in files:
+        name, size = (f.get("name"), f.get("size")) if isinstance(f, dict) else (None, None)
+        try:
+            _plain_file_name(name)
+        except ValueError as e:
+            raise ApiError(
+                0,
+                "unsafe_name",
+                f"job {job_id}, checkpoint {step}: the server listed a file {name!r}, which is not a plain "
+                "file name; nothing was downloaded",
+            ) from e
+        if type(size) is not int or size < 0:
+            bad = f"job {job_id}, checkpoint {step}: file {name!r} has size {size!r}"
+            raise ApiError(0, "bad_listing", bad)
+        checked.append((str(name), size))
+    return step, checked
 
 
 class _ProgressBar:

@@ -9,9 +9,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from weightstream_client._client import ApiError, Client, JobFailedError
+from weightstream_client._client import ApiError, Client, JobFailedError, load_params
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 out, err = Console(), Console(stderr=True)
@@ -54,7 +55,12 @@ def submit(
     """Submit a job; prints its id (and follows it with --follow)."""
     client = _client(url)
     try:
-        job = client.submit(params, num_csx=num_csx, labels=_labels(label or []), priority=priority)
+        body = load_params(params)
+    except ValueError as e:  # a YAML syntax error: where it is, on one line, not a traceback
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    try:
+        job = client.submit(body, num_csx=num_csx, labels=_labels(label or []), priority=priority)
         out.print(job.id)
         if follow:
             info = job.wait(progress=True)

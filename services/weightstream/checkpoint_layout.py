@@ -20,6 +20,7 @@ __all__ = [
     "TRAINER_STATE",
     "checkpoint_dir",
     "complete_checkpoints",
+    "confine_checkpoint",
     "last_checkpoint",
     "partial_dir_path",
     "shard_file_name",
@@ -59,3 +60,20 @@ def last_checkpoint(model_dir: Path) -> tuple[int, Path] | None:
     """The complete checkpoint with the highest step, if any."""
     found = complete_checkpoints(model_dir)
     return found[-1] if found else None
+
+
+def confine_checkpoint(model_dir: str | Path, directory: str | Path, step: int | None = None) -> Path:
+    """``directory`` resolved, if it is one of ``model_dir``'s checkpoint directories: the partial one of
+    ``step`` (being written) or, with ``step`` None, a complete one (to resume from). Anything else, a
+    symlink out included, raises PermissionError: a role reads and writes only its own job's checkpoints,
+    whatever a request names."""
+    root = Path(model_dir).resolve()
+    real = Path(directory).resolve()
+    if step is not None:
+        ok = real == partial_dir_path(root, step)
+    else:
+        ok = real.parent == root and _DIR.match(real.name) is not None
+    if not ok:
+        what = f"the partial checkpoint of step {step}" if step is not None else "a checkpoint"
+        raise PermissionError(f"{directory} is not {what} of this job (under {root})")
+    return real

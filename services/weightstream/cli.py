@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from weightstream import __version__
+from weightstream import serve_options as limit
 from weightstream.data import DataError
 from weightstream.params import Params, ParamsError, load_params, model_def
 
@@ -139,15 +140,27 @@ def serve(
     token: Annotated[
         str | None, typer.Option(envvar="WEIGHTSTREAM_TOKEN", help="API bearer token", show_default=False)
     ] = None,
+    data_root: limit.DataRoots = None,
+    max_params: limit.MaxParams = limit.DEFAULTS.max_params,
+    max_layers: limit.MaxLayers = limit.DEFAULTS.max_layers,
+    max_tokens_per_step: limit.MaxTokensPerStep = limit.DEFAULTS.max_tokens_per_step,
+    max_steps_limit: limit.MaxStepsLimit = limit.DEFAULTS.max_steps,
+    max_workers: limit.MaxWorkers = limit.DEFAULTS.max_workers,
+    max_queued_jobs: limit.MaxQueuedJobs = limit.DEFAULTS.max_queued_jobs,
+    max_job_seconds: limit.MaxJobSeconds = limit.DEFAULTS.max_job_seconds or 0,
+    keep_checkpoint_max: limit.KeepCheckpointMax = limit.DEFAULTS.keep_checkpoint_max or 0,
 ) -> None:
-    """Run the coordinator as a service: the REST API over a persistent job queue (local processes)."""
+    """Run the coordinator as a service: the REST API over a persistent job queue (local processes).
+    SIGTERM stops it: running jobs go back to the queue and resume from their last checkpoint after a
+    restart."""
     import logging
-
-    import uvicorn
+    import os
 
     from weightstream.backends.kubernetes import INSTALL_HINT, client_available
     from weightstream.backends.kubernetes.manifests import ClusterConfig
     from weightstream.jobs.api import create_app
+    from weightstream.jobs.api.server import run_until_signalled
+    from weightstream.jobs.data_roots import resolve_data_roots
     from weightstream.jobs.grpc_api import serve_grpc
     from weightstream.jobs.service import JobService, ServiceConfig
 
@@ -166,21 +179,43 @@ def serve(
         )
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cluster = ClusterConfig(
-        namespace=namespace,
-        image=image,
-        data_claim=data_claim,
-        worker_cpu=worker_cpu,
-        overhead_mib=overhead_mib,
-    )
-    service = JobService(ServiceConfig(data_dir.resolve(), slots, backend, cluster))
-    grpc_server, bound = serve_grpc(service, token, f"{host}:{grpc_port}")
+    # what the service and its role processes create (job store, logs, metrics, checkpoints) is no other
+    # user's business: group-readable at most
+    os.umask(0o027)
+    limits = limit.service_limits(
+        max_params, max_layers, max_tokens_per_step, max_steps_limit, max_workers, max_queued_jobs,
+        max_job_seconds, keep_checkpoint_max,
+    )  # fmt: skip
+    try:
+        roots = resolve_data_roots(data_root or [], data_dir.resolve())
+        cluster = ClusterConfig(
+            namespace=namespace,
+            image=image,
+            data_claim=data_claim,
+            worker_cpu=worker_cpu,
+            overhead_mib=overhead_mib,
+            data_roots=tuple(map(str, roots)),
+        )
+        service = JobService(ServiceConfig(data_dir.resolve(), slots, backend, cluster, roots, limits))
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    try:  # the aio server runs on a thread and event loop of its own; stop() it below
+        grpc_server, bound = serve_grpc(service, token, f"{host}:{grpc_port}")
+    except OSError as e:  # the port is taken: say so, and leave no job thread behind
+        service.shutdown()
+        err.print(
+            f"[red]error:[/red] {escape(str(e))}; choose another --grpc-port (0 picks a free one)",
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(2) from None
     out.print(
         f"weightstream service: REST http://{host}:{port}, gRPC {host}:{bound}, {slots} CS-2 slots, "
         f"data in {data_dir}"
     )
-    try:
-        uvicorn.run(create_app(service, token), host=host, port=port, log_level="warning")
+    try:  # SIGTERM or Ctrl-C: running jobs are stopped and requeued at once, while REST connections drain
+        run_until_signalled(create_app(service, token), host, port, on_signal=service.stop)
     finally:
         grpc_server.stop(grace=2)
         service.shutdown()
@@ -195,24 +230,57 @@ def plan_command(
     namespace: Annotated[str, typer.Option(help="kubernetes: namespace")] = "default",
     image: Annotated[str, typer.Option(help="kubernetes: the weightstream image")] = "weightstream:dev",
     job_id: Annotated[str, typer.Option("--job-id", help="kubernetes: the job id used in names")] = "preview",
+    data_claim: Annotated[
+        str | None,
+        typer.Option(
+            "--data-claim", help="kubernetes: the service's PVC, as `serve --data-claim` (at /data)"
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Path,
+        typer.Option(
+            "--data-dir",
+            help="kubernetes: the service's --data-dir; a job's directory is <data-dir>/jobs/<id>",
+        ),
+    ] = Path("/data"),
+    data_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--data-root",
+            help="kubernetes: the service's --data-root (repeat for several), mounted read-only in "
+            "activation pods; default: <data-dir>/datasets",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Print what a job would start: the plan, or with --backend kubernetes every manifest."""
+    """Print what a job would start: the plan, or with --backend kubernetes every manifest, as `serve`
+    with the same options would create them (the role credential's Secret shows a placeholder)."""
     import json as json_lib
 
     import yaml
 
     from weightstream.backends.kubernetes.manifests import ClusterConfig, job_manifests, role_addresses
+    from weightstream.jobs.data_roots import resolve_data_roots
     from weightstream.plan import make_plan
 
     if backend not in ("local", "kubernetes") or output not in ("yaml", "json"):
         err.print("[red]error:[/red] --backend must be local or kubernetes, --output yaml or json")
         raise typer.Exit(2)
-    p = _load(params, num_csx=num_csx)
+    # the service puts job <id>'s model_dir at <data-dir>/jobs/<id> (jobs/service.py), whatever the file says
+    job_dir = str(data_dir.resolve() / "jobs" / job_id) if backend == "kubernetes" else None
+    p = _load(params, num_csx=num_csx, model_dir=job_dir)
     model = model_def(p)
     the_plan = make_plan(p, model)
     if backend == "kubernetes":
-        cluster = ClusterConfig(namespace=namespace, image=image)
-        docs: list[Any] = job_manifests(job_id, p, model, the_plan, cluster)
+        try:
+            roots = resolve_data_roots(data_root or [], data_dir.resolve())
+            cluster = ClusterConfig(
+                namespace=namespace, image=image, data_claim=data_claim, data_roots=tuple(map(str, roots))
+            )
+            docs: list[Any] = job_manifests(job_id, p, model, the_plan, cluster)
+        except ValueError as e:
+            err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
+            raise typer.Exit(2) from None
     else:
         units = [
             {"unit": u.name, "shard": the_plan.unit_shard[i], "bytes": model.unit_bytes(i)}
@@ -231,7 +299,15 @@ def plan_command(
 
 @app.command()
 def health(
-    address: Annotated[str, typer.Option(help="a role's gRPC address")] = "127.0.0.1:50051",
+    address: Annotated[
+        str,
+        typer.Option(
+            # role pods set the variable to $(POD_IP):50051: a role listens on its pod's IP only, and
+            # Kubernetes does not expand $(VAR) in a probe's command
+            envvar="WEIGHTSTREAM_ROLE_ADDRESS",
+            help="a role's gRPC address",
+        ),
+    ] = "127.0.0.1:50051",
     timeout: Annotated[float, typer.Option(help="seconds")] = 3.0,
 ) -> None:
     """Ask a role for its health over gRPC (exit 0 if it answers): the probe of role pods and containers."""
@@ -246,6 +322,9 @@ def health(
     except grpc.RpcError as e:
         err.print(f"unhealthy: {address}: {e.code().name}")
         raise typer.Exit(1) from None
+    if not reply.role:  # asked without the job's credential: the role says only that it serves
+        out.print(f"serving: {address}")
+        return
     out.print(f"{reply.role} pid {reply.pid} {'configured' if reply.configured else 'waiting for its job'}")
 
 
@@ -259,15 +338,34 @@ def _role_command(kind: str, what: str) -> None:
         parent_pid: Annotated[
             int | None, typer.Option(help="exit when this process is no longer the parent")
         ] = None,
+        token_file: Annotated[
+            str,
+            typer.Option(
+                "--token-file",
+                help="file holding the job's role credential (- reads it from standard input)",
+                show_default=False,
+            ),
+        ] = "",
     ) -> None:
         import importlib
         import logging
 
         from weightstream.role import serve_role
+        from weightstream.transport.auth import read_token
 
+        if not token_file:
+            err.print(
+                "[red]error:[/red] --token-file is required: a role serves only callers with the job's token"
+            )
+            raise typer.Exit(2)
+        try:
+            token = read_token(token_file)
+        except (OSError, ValueError) as e:
+            err.print(f"[red]error:[/red] --token-file: {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
         service = importlib.import_module(f"weightstream.{kind}.service")
-        serve_role(kind, service.build, service.add_servicer, host, port, ready_file, parent_pid)
+        serve_role(kind, service.build, service.add_servicer, host, port, ready_file, parent_pid, token=token)
 
     command.__doc__ = f"Run a {what} (configured by the coordinator over gRPC)."
     app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)

@@ -147,10 +147,15 @@ class JobSpec:
     index: int
     resume_dir: str | None = None
     job_id: str = ""
+    # The role plane's token, for the calls this role makes to others. Never serialised: a role gets it
+    # from its token file at start (``transport.auth``), not from the job it is sent.
+    credential: str = field(default="", repr=False)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({k: v for k, v in asdict(self).items() if k != "credential"})
 
     @staticmethod
     def from_json(text: str) -> JobSpec:
-        return JobSpec(**json.loads(text))
+        fields = json.loads(text)
+        fields.pop("credential", None)
+        return JobSpec(**fields)

@@ -1,7 +1,8 @@
 """A role process: one gRPC server with the Control service and the role's own service.
 
-The process starts unconfigured, writes ``{"address", "pid"}`` to its ready file once it listens, and
-builds its logic when the coordinator's Configure call hands it the job. It exits on Shutdown, on
+The process starts unconfigured with the job's role token (``transport.auth``: every call but Health must
+carry it), writes ``{"address", "pid"}`` to its ready file once it listens, and builds its logic when the
+coordinator's Configure call hands it the job. It exits on Shutdown, on
 SIGTERM, and when its parent (the coordinator) is gone, so a crashed coordinator leaves no orphan.
 """
 
@@ -14,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
+from weightstream.transport.auth import RoleAuthInterceptor, has_credential
 from weightstream.transport.rpc import abort_on_error, create_server
 
 __all__ = ["RoleHost", "serve_role"]
@@ -33,8 +36,8 @@ log = logging.getLogger("weightstream.role")
 class RoleHost:
     """Holds the role's logic once configured; servicers reach it through ``logic(context)``."""
 
-    def __init__(self, kind: str, build: Callable[[JobSpec], Any]) -> None:
-        self.kind, self._build = kind, build
+    def __init__(self, kind: str, build: Callable[[JobSpec], Any], token: str) -> None:
+        self.kind, self._build, self.token = kind, build, token
         self.job: JobSpec | None = None
         self._logic: Any = None
         self.stopped = threading.Event()
@@ -42,6 +45,7 @@ class RoleHost:
     def configure(self, job: JobSpec) -> None:
         if job.role != self.kind:
             raise ValueError(f"this process is a {self.kind}, not a {job.role}")
+        job = replace(job, credential=self.token)  # for the calls this role makes to the others
         self._logic = self._build(job)
         self.job = job
 
@@ -61,6 +65,10 @@ class ControlServicer(rpc.ControlServicer):
         self.host = host
 
     def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.HealthReply:
+        """Answers anyone (it is the probe of pods and containers); only a caller with the job's
+        credential learns more than "serving"."""
+        if not has_credential(context.invocation_metadata(), self.host.token):
+            return pb.HealthReply()
         job = self.host.job
         return pb.HealthReply(
             role=self.host.kind, pid=os.getpid(), configured=job is not None, index=job.index if job else -1
@@ -94,15 +102,18 @@ def serve_role(
     port: int = 0,
     ready_file: Path | None = None,
     parent_pid: int | None = None,
+    *,
+    token: str,
 ) -> None:
-    """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file)."""
-    role = RoleHost(kind, build)
+    """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
+    ``token`` is the job's role credential, required on every call but Health."""
+    role = RoleHost(kind, build, token)
 
     def register(server: grpc.Server) -> None:
         rpc.add_ControlServicer_to_server(ControlServicer(role), server)
         add_servicer(role, server)
 
-    server, bound = create_server(f"{host}:{port}", register)
+    server, bound = create_server(f"{host}:{port}", register, interceptors=[RoleAuthInterceptor(token)])
     signal.signal(signal.SIGTERM, lambda *_: role.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: role.stopped.set())
     if parent_pid is not None:

@@ -77,12 +77,24 @@ def test_train_reference_writes_metrics_and_learns(tmp_path: Path, num_csx: str)
     assert "done: 100 steps" in r.stdout
 
 
+def test_a_role_will_not_start_without_its_credential(tmp_path: Path) -> None:
+    r = weightstream("worker", "--port", "0")
+    assert r.returncode == 2 and "--token-file is required" in r.stderr
+    bad = tmp_path / "token"
+    bad.write_text("secret")
+    r = weightstream("memoryx", "--port", "0", "--token-file", str(bad))
+    assert r.returncode == 2 and "not 64 hex digits" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_health_asks_a_live_role(tmp_path: Path) -> None:
     exe = shutil.which("weightstream")
     cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
     ready = tmp_path / "ready.json"
+    token = tmp_path / "token"
+    token.write_text("ab" * 32)
+    token.chmod(0o600)
     role = subprocess.Popen(
-        [*cmd, "worker", "--port", "0", "--ready-file", str(ready)],
+        [*cmd, "worker", "--port", "0", "--ready-file", str(ready), "--token-file", str(token)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -92,7 +104,8 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
             time.sleep(0.05)
         address = json.loads(ready.read_text())["address"]
         r = weightstream("health", "--address", address)
-        assert r.returncode == 0 and "worker" in r.stdout and "waiting for its job" in r.stdout
+        # it answers without the job's credential, and then says nothing about itself
+        assert r.returncode == 0 and "worker" not in r.stdout and "pid" not in r.stdout
     finally:
         role.terminate()
         role.wait(timeout=10)

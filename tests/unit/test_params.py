@@ -103,6 +103,19 @@ BAD = [
     ("unknown section", ("runconfg", {}), "runconfg", "runconfig"),
     ("wrong type", ("model.num_heads", "four"), "model.num_heads", "integer"),
     ("negative", ("runconfig.max_steps", -5), "runconfig.max_steps", "greater than 0"),
+    ("negative seed", ("runconfig.seed", -1), "runconfig.seed", "greater than or equal to 0"),
+    (
+        "negative data seed",
+        ("train_input.shuffle_seed", -3),
+        "train_input.shuffle_seed",
+        "greater than or equal",
+    ),
+    (
+        "keep no checkpoint",
+        ("runconfig.keep_checkpoint_max", 0),
+        "runconfig.keep_checkpoint_max",
+        "greater than 0",
+    ),
     ("heads do not divide", ("model.num_heads", 3), "model.hidden_size", "divisible"),
     ("batch not divisible", ("train_input.batch_size", 33), "train_input.batch_size", "num_csx"),
     ("eval batch not divisible", ("eval_input.batch_size", 31), "eval_input.batch_size", "num_csx"),
@@ -269,3 +282,31 @@ def test_non_finite_number_inside_a_schedule_piece_is_rejected() -> None:
     ]
     with pytest.raises(ParamsError, match=r"optimizer\.learning_rate\[0\]\.end_learning_rate"):
         load_params(raw)
+
+
+def test_keep_checkpoint_max_is_modelzoos_key_and_optional() -> None:
+    assert load_params(_with("runconfig.keep_checkpoint_max", 3)).runconfig.keep_checkpoint_max == 3
+    assert load_params(GOOD).runconfig.keep_checkpoint_max is None  # absent: every checkpoint is kept
+
+
+def test_the_pipelined_memory_check_builds_no_model() -> None:
+    """A billion layers are counted in closed form: building the model to count them would take all the
+    memory of the machine. Run with 2 GiB of address space, so a regression fails instead of swapping."""
+    import json
+    import subprocess
+    import sys
+
+    d = _with("runconfig.execution_mode", "pipelined")
+    d["runconfig"].update(worker_memory_mb=1, num_wgt_servers=1)
+    d["model"]["num_hidden_layers"] = 10**9
+    script = (
+        "import json, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+        "from weightstream.params import ParamsError, load_params\n"
+        "try:\n    load_params(json.loads(sys.stdin.read()))\n"
+        "except ParamsError as e:\n    print(json.dumps([p.path for p in e.problems]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], input=json.dumps(d), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["runconfig.execution_mode"]

@@ -27,7 +27,10 @@ class RoleSpec:
 
 
 class Backend(Protocol):
-    def start(self, roles: list[RoleSpec]) -> None: ...
+    def start(self, roles: list[RoleSpec], credential: str) -> None:
+        """Start every role. ``credential`` is the job's role token: each role must receive it from a
+        file or a Kubernetes Secret (never a command line or an inherited environment)."""
+        ...
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
         """Addresses by kind, in index order, once every role listens."""

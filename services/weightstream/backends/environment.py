@@ -7,7 +7,10 @@ processes on a few cores would mostly fight each other.
 
 from __future__ import annotations
 
-__all__ = ["STREAMING_MALLOC_ENV", "THREAD_ENV_VARS", "role_env", "role_threads"]
+import re
+from collections.abc import Mapping
+
+__all__ = ["STREAMING_MALLOC_ENV", "THREAD_ENV_VARS", "role_env", "role_threads", "without_secrets"]
 
 # Every library that may start a thread pool in a role: OpenBLAS, OpenMP, MKL (numpy built against it),
 # and our own elementwise kernels (numerics/_blocked.py).
@@ -31,3 +34,13 @@ def role_env(kind: str, worker_cores: int) -> dict[str, str]:
     """Environment variables (added to the inherited ones) for a role process of ``kind``."""
     threads = str(role_threads(kind, worker_cores))
     return {**{n: threads for n in THREAD_ENV_VARS}, **STREAMING_MALLOC_ENV}
+
+
+# Variables a role must not inherit from the process that starts it: the service's API token first, and
+# whatever else names a secret by convention (cloud keys, passwords) that an operator may have exported.
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY", re.IGNORECASE)
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less every variable whose name says it holds a secret (``WEIGHTSTREAM_TOKEN``, ...)."""
+    return {k: v for k, v in environ.items() if not _SECRET_NAME.search(k)}

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from weightstream.backends.base import BackendError, RoleSpec
-from weightstream.backends.environment import role_env
+from weightstream.backends.environment import role_env, without_secrets
 
 __all__ = ["LocalProcessBackend", "describe_exit"]
 
@@ -37,16 +38,22 @@ class LocalProcessBackend:
         self.run_dir, self.host = run_dir, host
         self.procs: dict[RoleSpec, subprocess.Popen[bytes]] = {}
         self._stopping = False
+        # stop() may come from another thread (a cancel) while start() is still starting roles: the lock
+        # makes a role either started before stop() looks, and so stopped, or never started
+        self._lock = threading.Lock()
 
     def _ready_file(self, role: RoleSpec) -> Path:
         return self.run_dir / f"{role.name}.ready.json"
 
     def _env(self, role: RoleSpec, num_workers: int) -> dict[str, str]:
-        """All roles share this machine's cores: the workers split them."""
+        """All roles share this machine's cores: the workers split them. A role inherits this process's
+        environment less its secrets (the service's API token above all)."""
         worker_cores = (os.cpu_count() or 1) // max(1, num_workers)
-        return {**os.environ, **role_env(role.kind, worker_cores)}
+        return {**without_secrets(os.environ), **role_env(role.kind, worker_cores)}
 
-    def start(self, roles: list[RoleSpec]) -> None:
+    def start(self, roles: list[RoleSpec], credential: str) -> None:
+        """Start every role; each reads ``credential`` from a pipe on its standard input (``--token-file
+        -``), so the token is on no command line, in no environment and in no file."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         num_workers = sum(r.kind == "worker" for r in roles)
         for role in roles:
@@ -64,32 +71,46 @@ class LocalProcessBackend:
                 str(self._ready_file(role)),
                 "--parent-pid",
                 str(os.getpid()),
+                "--token-file",
+                "-",
             ]
-            with open(self.run_dir / f"{role.name}.log", "ab") as log:
+            with self._lock, open(self.run_dir / f"{role.name}.log", "ab") as log:
+                if self._stopping:
+                    return
                 # own session: a Ctrl-C in the terminal reaches the coordinator, which stops roles in order
-                self.procs[role] = subprocess.Popen(
+                proc = subprocess.Popen(
                     cmd,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     env=self._env(role, num_workers),
                 )
+                self.procs[role] = proc
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(credential.encode() + b"\n")
+                proc.stdin.close()
+            except BrokenPipeError:  # the role died at once: failures() reports it with its log
+                pass
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
         deadline = time.monotonic() + timeout_s
         addresses: dict[RoleSpec, str] = {}
-        while len(addresses) < len(self.procs):
+        with self._lock:
+            procs = dict(self.procs)
+        while len(addresses) < len(procs):
             if self._stopping:
                 raise BackendError("stopped while starting")
             dead = self.failures()
             if dead:
                 raise BackendError("; ".join(dead))
-            for role in self.procs:
+            for role in procs:
                 f = self._ready_file(role)
                 if role not in addresses and f.exists():
                     addresses[role] = json.loads(f.read_text())["address"]
             if time.monotonic() > deadline:
-                missing = sorted(r.name for r in self.procs if r not in addresses)
+                missing = sorted(r.name for r in procs if r not in addresses)
                 raise BackendError(
                     f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.run_dir})"
                 )
@@ -103,7 +124,9 @@ class LocalProcessBackend:
         if self._stopping:
             return []
         out = []
-        for role, p in self.procs.items():
+        with self._lock:
+            procs = list(self.procs.items())
+        for role, p in procs:
             rc = p.poll()
             if rc is not None:
                 log = self.run_dir / f"{role.name}.log"
@@ -111,12 +134,14 @@ class LocalProcessBackend:
         return out
 
     def stop(self, grace_s: float = 3.0) -> None:
-        self._stopping = True
-        for p in self.procs.values():
+        with self._lock:
+            self._stopping = True
+            procs = list(self.procs.values())
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

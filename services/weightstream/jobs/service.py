@@ -2,16 +2,21 @@
 
 No HTTP here (``api/`` and ``grpc_api`` translate); this is the behaviour: validate and enqueue, run jobs
 in priority order when enough slots are free, cancel, recover after a restart, and answer what a job did.
+``submit`` is the one validation path of both APIs: whatever their own schemas let through, every bound
+(``limits``) and the data roots (``data_roots``) are checked here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,18 +25,35 @@ from weightstream.backends.kubernetes import INSTALL_HINT, client_available
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.checkpoint_layout import checkpoint_dir, complete_checkpoints
-from weightstream.data import DataError, make_data_processor
+from weightstream.jobs.data_roots import check_data, confine_data, default_data_root, resolve_data_roots
+from weightstream.jobs.limits import ServiceLimits, check_params, check_request, with_service_defaults
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
-from weightstream.params import Params, ParamsError, Problem, load_params
+from weightstream.params import Params, ParamsError, load_params
 from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
 
-__all__ = ["CapacityError", "JobService", "Runner", "RunnerFactory", "ServiceConfig"]
+__all__ = [
+    "CapacityError",
+    "JobService",
+    "QueueFull",
+    "Runner",
+    "RunnerFactory",
+    "ServiceConfig",
+    "ServiceLimits",
+]
 
 log = logging.getLogger("weightstream.service")
+# How long shutdown waits for stopped jobs to wind down before it requeues them itself: inside the 30 s a
+# Kubernetes pod gets between SIGTERM and SIGKILL, with room for the REST and gRPC servers to stop too.
+SHUTDOWN_GRACE_S = 20.0
 
 
 class CapacityError(ValueError):
     """A job asks for more CS-2 than the service has: it could never run."""
+
+
+class QueueFull(RuntimeError):
+    """The service already holds as many queued jobs as it may: try again later (REST 429, gRPC
+    RESOURCE_EXHAUSTED)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,12 @@ class ServiceConfig:
     slots: int  # CS-2 the service may run at once, over all jobs
     backend: str = "local"  # local: processes on this machine; kubernetes: pods in cluster.namespace
     cluster: ClusterConfig | None = None
+    # where submitted jobs may read data; () means <data_dir>/datasets. Resolved (real paths) on creation
+    data_roots: tuple[Path, ...] = ()
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_roots", resolve_data_roots(self.data_roots, self.data_dir))
 
 
 class Runner(Protocol):
@@ -64,13 +92,27 @@ class JobService:
         ``JobRunner`` on the configured backend."""
         self.config = config
         self.jobs_dir = config.data_dir / "jobs"
-        self.store = JobStore(config.data_dir / "jobs.sqlite")
+        for d in (config.data_dir, self.jobs_dir):  # other users of the machine see none of it
+            d.mkdir(mode=0o750, parents=True, exist_ok=True)
+        default = Path(os.path.realpath(default_data_root(config.data_dir)))
+        if default in config.data_roots:
+            default.mkdir(mode=0o750, exist_ok=True)
+        for root in config.data_roots:
+            if not root.is_dir():
+                raise ValueError(f"data root {root} is not a directory")
+        db = config.data_dir / "jobs.sqlite"
+        os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives its WAL files the db's mode
+        self.store = JobStore(db)
         self._make_runner = runner_factory or self._job_runner
         self._running: dict[str, tuple[Runner, int]] = {}  # job id -> (its runner, the CS-2 slots it holds)
         self._threads: dict[str, threading.Thread] = {}
+        self._stopping: set[str] = set()  # jobs stopped by shutdown: requeued, not failed
         self._lock = threading.Lock()
+        self._submit_lock = threading.Lock()  # counting the queue and adding to it are one step
         self._wake = threading.Event()
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # set first thing by stop(): no more submissions or starts
+        self._stop_lock = threading.Lock()
+        self._stopped_jobs = False  # stop() has stopped and requeued the running jobs
         self._recover()
         self._scheduler = threading.Thread(target=self._schedule, name="scheduler", daemon=True)
         self._scheduler.start()
@@ -79,23 +121,36 @@ class JobService:
     def submit(
         self, params: dict[str, Any], num_csx: int, labels: dict[str, str] | None = None, priority: int = 2
     ) -> Job:
-        """Validate exactly as `weightstream run` does, then enqueue. Raises ParamsError or CapacityError."""
+        """Validate as `weightstream run` does, then within this service's limits and data roots, then
+        enqueue. Raises ParamsError (every problem with its key path), CapacityError (more CS-2 than the
+        service has) or QueueFull (as many jobs queued as allowed, or the service is stopping)."""
+        limits = self.config.limits
+        labels = {} if labels is None else labels
+        problems = check_request(params, num_csx, labels, priority, limits)
+        if problems:
+            raise ParamsError(problems, "request")
         if num_csx > self.config.slots:
             raise CapacityError(f"num_csx={num_csx} exceeds this service's {self.config.slots} CS-2 slots")
         job_id = uuid.uuid4().hex[:12]
         model_dir = self.jobs_dir / job_id
-        parsed = load_params(
-            params, overrides={"num_csx": num_csx, "model_dir": str(model_dir)}, source="params"
-        )
-        try:  # the data must be readable here too, before the job is accepted
-            make_data_processor(parsed.train_input, parsed.model, "train")
-            if parsed.eval_input:
-                make_data_processor(parsed.eval_input, parsed.model, "eval")
-        except DataError as e:
-            raise ParamsError([Problem("train_input.data_dir", str(e))]) from e
-        job = self.store.create(
-            job_id, parsed.model_dump(mode="json"), num_csx, labels or {}, priority, model_dir
-        )
+        overrides = {"num_csx": num_csx, "model_dir": str(model_dir), **with_service_defaults(params, limits)}
+        parsed = load_params(params, overrides=overrides, source="params")
+        problems = check_params(parsed, limits)  # sizes from counts: nothing is built before this passes
+        if problems:
+            raise ParamsError(problems, "params")
+        parsed = confine_data(parsed, self.config.data_roots)
+        check_data(parsed)  # the data must be readable here too, before the job is accepted
+        with self._submit_lock:
+            if self._stopped.is_set():
+                raise QueueFull("the service is stopping: submit again once it is back")
+            if len(self.store.queue()) >= limits.max_queued_jobs:
+                raise QueueFull(
+                    f"the queue holds {limits.max_queued_jobs} jobs, as many as this service accepts "
+                    "(serve --max-queued-jobs): submit again once some have started"
+                )
+            job = self.store.create(
+                job_id, parsed.model_dump(mode="json"), num_csx, dict(labels), priority, model_dir
+            )
         self._wake.set()
         return job
 
@@ -109,7 +164,12 @@ class JobService:
                 return self.store.transition(job_id, "cancelled", reason="cancelled by request")
         if job.status == "running" and runner is not None:
             self.store.add_event(job_id, "status", {"status": "cancelling"})
-            runner.cancel()
+            # A runner is marked cancelled before it stops its roles; if stopping them raises (a backend
+            # racing its own start), its run() stops them again as it winds down: the cancel stands.
+            try:
+                runner.cancel()
+            except Exception:
+                log.exception("job %s: stopping its roles for a cancel failed", job_id)
             return self.store.get(job_id)
         raise IllegalTransition(job_id, job.status, "cancelled")
 
@@ -132,6 +192,8 @@ class JobService:
     def _schedule(self) -> None:
         while not self._stopped.is_set():
             with self._lock:
+                if self._stopped.is_set():  # shutdown may have set it while this pass waited for the lock
+                    return
                 free = self.config.slots - sum(n for _, n in self._running.values())
                 for job in self.store.queue():  # strict order: the head of the queue is never overtaken
                     if job.num_csx > free:
@@ -149,6 +211,7 @@ class JobService:
 
     def _start(self, job: Job) -> None:
         self.store.transition(job.id, "running")
+        Path(job.model_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
         params = load_params(job.params)
         runner = self._make_runner(job, params, lambda e, j=job.id: self._on_event(j, e))
         self._running[job.id] = (runner, job.num_csx)
@@ -158,7 +221,8 @@ class JobService:
 
     def _job_runner(self, job: Job, params: Params, on_event: EventSink) -> Runner:
         backend = self._backend(job.id, params, Path(job.model_dir) / "logs")
-        return JobRunner(params, backend, on_event=on_event, job_id=job.id)
+        limit = self.config.limits.max_job_seconds
+        return JobRunner(params, backend, on_event, job.id, time_limit_s=limit, time_used_s=_time_used(job))
 
     def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
         if self.config.backend == "kubernetes":
@@ -185,12 +249,28 @@ class JobService:
                     job_logger.info("cancelled: %s", e)
                     self.store.transition(job_id, "cancelled", reason=str(e))
                 except (JobFailed, Exception) as e:
-                    job_logger.exception("job failed")
-                    self.store.transition(job_id, "failed", error=str(e))
+                    if job_id in self._stopping:  # the service is stopping: the job runs again after it
+                        job_logger.info("stopped with the service: %s", e)
+                        self._requeue(job_id)
+                    else:
+                        job_logger.exception("job failed")
+                        self.store.transition(job_id, "failed", error=str(e))
+        except Exception:  # recording the end failed (a shutdown closed the store first): nothing to tell
+            log.exception("job %s: could not record how it ended", job_id)
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
+                self._threads.pop(job_id, None)
             self._wake.set()
+
+    def _requeue(self, job_id: str) -> None:
+        """A running job back to the queue as the service stops; it resumes when the service is back."""
+        job = self.store.get(job_id)
+        if job.params["runconfig"].get("autoload_last_checkpoint", True):
+            reason = "service stopped; resumes from its last checkpoint"
+        else:
+            reason = "service stopped; restarts from step 0 (its params disable autoload_last_checkpoint)"
+        self.store.transition(job_id, "queued", reason=reason)
 
     def _on_event(self, job_id: str, event: dict[str, Any]) -> None:
         kind = event.pop("event")
@@ -199,22 +279,54 @@ class JobService:
         else:
             self.store.add_event(job_id, kind, event)
 
-    def shutdown(self) -> None:
-        """Stop scheduling and stop every running job's processes (their jobs stay resumable)."""
-        self._stopped.set()
-        self._wake.set()
-        with self._lock:
-            runners = [r for r, _ in self._running.values()]
-        for r in runners:
-            r.stop()
-        for t in list(self._threads.values()):
-            t.join(timeout=10)
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting and scheduling, stop every running job's roles and put those jobs back in the
+        queue, so that the service, once restarted on the same data dir, resumes them (autoload). The
+        store stays open (the APIs may still answer while they drain). Safe to call from any thread, more
+        than once: later calls wait for the first."""
+        with self._stop_lock:
+            if not self._stopped_jobs:
+                self._stop_jobs(grace_s)
+                self._stopped_jobs = True
+
+    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """``stop``, then close the job store: the last call on a service."""
+        self.stop(grace_s)
         self.store.close()
+
+    def _stop_jobs(self, grace_s: float) -> None:
+        with self._submit_lock:  # a submission under way is stored first: then it is queued, not lost
+            self._stopped.set()
+        self._wake.set()
+        self._scheduler.join(timeout=grace_s)  # a pass under way finishes starting its jobs first
+        with self._lock:
+            running = dict(self._running)
+            self._stopping.update(running)
+            threads = list(self._threads.values())
+        for job_id, (runner, _) in running.items():
+            try:
+                runner.stop()
+            except Exception:  # its thread still ends the job; below it is requeued all the same
+                log.exception("job %s: stopping its roles failed", job_id)
+        deadline = time.monotonic() + grace_s
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            stuck = list(self._running)
+        # a runner that did not wind down in time: its job is requeued here, it must not stay running
+        for job_id in stuck:
+            with contextlib.suppress(IllegalTransition):  # its thread recorded the end meanwhile
+                self._requeue(job_id)
 
     # -- answers -------------------------------------------------------------------------------------------
     def metrics(self, job_id: str) -> dict[str, list[dict[str, Any]]]:
         path = Path(self.store.get(job_id).model_dir) / "metrics.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        rows = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line, while the job is still writing it
+                continue
         return {"steps": [r for r in rows if "loss" in r], "evals": [r for r in rows if "eval_loss" in r]}
 
     def logs(self, job_id: str, tail: int | None = None) -> str:
@@ -226,7 +338,12 @@ class JobService:
         """Every complete checkpoint of the job: its step and its files with their sizes."""
         out = []
         for step, d in complete_checkpoints(Path(self.store.get(job_id).model_dir)):
-            files = [{"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()]
+            try:
+                files = [
+                    {"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()
+                ]
+            except FileNotFoundError:  # removed meanwhile by the job's checkpoint retention
+                continue
             out.append({"step": step, "files": files})
         return out
 
@@ -239,3 +356,14 @@ class JobService:
 
     def is_terminal(self, job_id: str) -> bool:
         return self.store.get(job_id).status in TERMINAL
+
+
+def _time_used(job: Job) -> float:
+    """Seconds ``job`` has spent running so far, over every run (a service restart requeues it)."""
+    used, since = 0.0, None
+    for h in job.history:
+        if h["status"] == "running":
+            since = h["at"]
+        elif since is not None:
+            used, since = used + h["at"] - since, None
+    return used

@@ -3,11 +3,16 @@
 A job's record holds its resolved params, num_csx, labels, priority, status history with timestamps, the
 error if any and its model_dir; its events (status changes, logged steps, evals, checkpoints) are kept
 in order so that clients can follow a job from any point. A restarted service finds every job it had.
+Every commit is published on ``feed`` (``notify.JobFeed``), which is what followers wait on.
+
+Event data is strict JSON: a non-finite float (a diverged loss) is stored as null, and one found in a
+row written before that rule is read back as null, so neither API can send ``NaN`` or ``Infinity``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -17,7 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TERMINAL", "TRANSITIONS", "IllegalTransition", "Job", "JobStore", "UnknownJob"]
+from weightstream.jobs.notify import Event, JobFeed
+
+__all__ = [
+    "TERMINAL",
+    "TRANSITIONS",
+    "IllegalTransition",
+    "Job",
+    "JobStore",
+    "UnknownJob",
+    "event_json",
+    "finite",
+]
 
 # queued -> running -> succeeded | failed | cancelled; queued -> cancelled; a restart may requeue a
 # running job whose params ask to resume from its last checkpoint.
@@ -97,10 +113,11 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=FULL")  # a committed job survives a crash of the machine
         self._db.executescript(_SCHEMA)
         self._lock = threading.RLock()
-        self.changed = threading.Condition(self._lock)  # notified on every new event
+        self.feed = JobFeed()  # published after every commit, for followers of a job
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, job_id: str) -> Iterator[sqlite3.Connection]:
+        """A write transaction about ``job_id``; once committed, its followers are woken."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -109,7 +126,7 @@ class JobStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-            self.changed.notify_all()
+        self.feed.publish(job_id)  # outside the lock: waking followers never holds up a writer
 
     def close(self) -> None:
         with self._lock:
@@ -127,7 +144,7 @@ class JobStore:
     ) -> Job:
         now = time.time()
         history = [{"status": "queued", "at": now}]
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             db.execute(
                 "INSERT INTO jobs VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
                 (
@@ -177,7 +194,7 @@ class JobStore:
         self, job_id: str, status: str, reason: str | None = None, error: str | None = None
     ) -> Job:
         """Move a job to ``status`` if the state machine allows it (raises IllegalTransition if not)."""
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             row = db.execute("SELECT status, history FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise UnknownJob(job_id)
@@ -207,11 +224,12 @@ class JobStore:
     def _event(self, db: sqlite3.Connection, job_id: str, kind: str, data: dict[str, Any]) -> None:
         db.execute(
             "INSERT INTO events (job_id, at, kind, data) VALUES (?, ?, ?, ?)",
-            (job_id, time.time(), kind, json.dumps(data)),
+            (job_id, time.time(), kind, json.dumps(finite(data), allow_nan=False)),
         )
 
     def add_event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
-        with self._tx() as db:
+        """Append an event; a non-finite float anywhere in ``data`` is stored as null."""
+        with self._tx(job_id) as db:
             self._event(db, job_id, kind, data)
 
     def last_event(self, job_id: str, kind: str) -> dict[str, Any] | None:
@@ -222,19 +240,47 @@ class JobStore:
                 "ORDER BY seq DESC LIMIT 1",
                 (job_id, kind),
             ).fetchone()
-        return {"seq": row[0], "at": row[1], "kind": row[2], "data": json.loads(row[3])} if row else None
+        return _row_event(row) if row else None
 
-    def events(
-        self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None
-    ) -> list[dict[str, Any]]:
+    def events(self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None) -> list[Event]:
         self.get(job_id)
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, at, kind, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
                 (job_id, after),
             ).fetchall()
-        out = [{"seq": r[0], "at": r[1], "kind": r[2], "data": json.loads(r[3])} for r in rows]
+        out = [_row_event(r) for r in rows]
         return [e for e in out if kinds is None or e["kind"] in kinds]
+
+    def tail(self, job_id: str, after: int = 0) -> tuple[bool, list[Event]]:
+        """Whether the job has finished, and its events with seq > ``after``, read together (one lock):
+        when it says finished, the events include every one up to the job's end (``notify.follow``)."""
+        with self._lock:
+            return self.get(job_id).status in TERMINAL, self.events(job_id, after)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±Infinity) in it, however deeply nested, as None:
+    strict JSON has no such numbers, and a client's parser may reject the whole message for one."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def event_json(event: Event) -> str:
+    """What both APIs send as an event's data: its data with its time ``at``, as strict JSON (the
+    store's events hold no non-finite float; one that slipped in would raise here, not go out)."""
+    return json.dumps({**event["data"], "at": event["at"]}, allow_nan=False)
+
+
+def _row_event(row: tuple[Any, ...]) -> Event:
+    # parse_constant: a row written before non-finite floats were nulled may hold NaN or Infinity
+    data = json.loads(row[3], parse_constant=lambda _: None)
+    return {"seq": row[0], "at": row[1], "kind": row[2], "data": data}
 
 
 def _job(row: tuple[Any, ...]) -> Job:

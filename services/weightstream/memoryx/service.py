@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 
+from weightstream.checkpoint_layout import confine_checkpoint, shard_file_name
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.memoryx.storage import write_safetensors
 from weightstream.params import load_params, model_def, optimizer_config
@@ -34,14 +35,28 @@ def build(job: JobSpec) -> MemoryXShard:
     model = model_def(params)
     plan = Plan.from_dict(job.plan)
     names = [n for n in model.specs if plan.tensor_shard[n] == job.index]
+    model_dir = params.runconfig.model_dir
+    resume = str(confine_checkpoint(model_dir, job.resume_dir)) if job.resume_dir is not None else None
     return MemoryXShard(
         model,
         optimizer_config(params.optimizer),
         names,
         params.runconfig.seed,
         params.runconfig.rpc_timeout_s,
-        job.resume_dir,
+        resume,
     )
+
+
+def checkpoint_files(job: JobSpec, request: pb.CheckpointRequest) -> tuple[Path, Path]:
+    """Where this shard writes its model and optimizer files for ``request``: only inside the job's own
+    partial checkpoint directory, under the names its index gives; any other request is refused."""
+    rc = job.params["runconfig"]
+    directory = confine_checkpoint(rc["model_dir"], request.directory, request.step)
+    k = rc["num_wgt_servers"]
+    files = shard_file_name("model", job.index, k), shard_file_name("optimizer", job.index, k)
+    if (request.model_file, request.optimizer_file) != files:
+        raise PermissionError(f"shard {job.index} of {k} writes {files[0]} and {files[1]}, nothing else")
+    return directory / files[0], directory / files[1]
 
 
 class MemoryXServicer:
@@ -89,12 +104,13 @@ class MemoryXServicer:
     ) -> pb.CheckpointReply:
         shard = self._shard(context)
         try:
+            assert self.host.job is not None  # configured: _shard() aborts otherwise
+            model_path, optimizer_path = checkpoint_files(self.host.job, request)
             weights, state, step = shard.snapshot()
             if step != request.step:
                 raise ValueError(f"checkpoint of step {request.step} requested, shard is at step {step}")
-            d = Path(request.directory)
-            write_safetensors(d / request.model_file, weights)
-            write_safetensors(d / request.optimizer_file, state)
+            write_safetensors(model_path, weights)
+            write_safetensors(optimizer_path, state)
         except Exception as e:
             abort_on_error(context, e)
         return pb.CheckpointReply(tensor_names=list(weights), state_names=list(state))

@@ -35,6 +35,7 @@ from weightstream.params.schema import (
     RunConfig,
     SchedulePieceParams,
 )
+from weightstream.params.size import num_params
 
 __all__ = ["UNSUPPORTED", "dump_params", "load_params", "model_def", "optimizer_config", "parse_params"]
 
@@ -222,14 +223,13 @@ def cross_check(p: Params) -> list[Problem]:
                 )
             )
     if rc.execution_mode == "pipelined" and rc.worker_memory_mb is not None:
-        model_mb = model_def(p).num_params * 4 / 2**20
+        model_mb = num_params(p.model) * 4 / 2**20  # closed form: builds nothing
         if model_mb > rc.worker_memory_mb:
             problems.append(
                 Problem(
                     "runconfig.execution_mode",
-                    f"pipelined keeps the whole model ({model_mb:.1f} MiB) "
-                    f"on each worker, more than worker_memory_mb={rc.worker_memory_mb}; use "
-                    "weight_streaming or auto",
+                    f"pipelined keeps the whole model ({model_mb:.1f} MiB) on each worker, more than "
+                    f"worker_memory_mb={rc.worker_memory_mb}; use weight_streaming or auto",
                     "pipelined",
                 )
             )

@@ -70,7 +70,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "init_method": "not applicable",
         "sync_batchnorm": "not applicable",
         "log_input_summaries": "not applicable",
-        "keep_checkpoint_max": "not implemented",
     },
 }
 UNSUPPORTED["eval_input"] = UNSUPPORTED["train_input"]

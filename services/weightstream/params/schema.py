@@ -58,7 +58,7 @@ class InputParams(_Section):
     batch_size: PositiveInt  # the global batch, divided evenly across num_csx
     max_sequence_length: PositiveInt | None = None
     shuffle: bool = True
-    shuffle_seed: int = 0
+    shuffle_seed: NonNegativeInt = 0  # numpy's seed sequences take no negative entropy
     # samples per micro-batch on a worker (gradients accumulate over a shard's micro-batches);
     # None: the whole shard, or the largest that fits runconfig.worker_memory_mb when that is set
     micro_batch_size: PositiveInt | None = None
@@ -156,9 +156,10 @@ class RunConfig(_Section):
     checkpoint_steps: NonNegativeInt = 0  # 0: a checkpoint only at the end
     eval_frequency: NonNegativeInt = 0  # 0: evaluate only at the end (when eval_input is given)
     eval_steps: PositiveInt = 1
-    seed: int = 0
+    seed: NonNegativeInt = 0  # numpy's seed sequences take no negative entropy
     model_dir: str = "./model_dir"
     autoload_last_checkpoint: bool = True
+    keep_checkpoint_max: PositiveInt | None = None  # keep the newest N complete checkpoints; None: all
     # weightstream's own keys (not in ModelZoo)
     swarmx_fanout: Annotated[int, Field(ge=2)] = (
         4  # children per SwarmX node; the tree's depth is log_fanout(N)

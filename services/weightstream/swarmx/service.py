@@ -34,11 +34,11 @@ class MemoryXUpstream:
     """The root's upstream: each tensor from (and each gradient to) the shard that owns it."""
 
     def __init__(
-        self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool
+        self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool, token: str
     ) -> None:
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.addresses = addresses
-        channels = [open_channel(a) for a in addresses]
+        channels = [open_channel(a, token) for a in addresses]
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
         ]
@@ -88,8 +88,8 @@ class MemoryXUpstream:
 class ParentUpstream:
     """An inner node's upstream: its parent SwarmX node, where this node is child ``slot``."""
 
-    def __init__(self, address: str, slot: int, timeout_s: float, bf16: bool, name: str) -> None:
-        channel = open_channel(address)
+    def __init__(self, address: str, slot: int, timeout_s: float, bf16: bool, name: str, token: str) -> None:
+        channel = open_channel(address, token)
         self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self.push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
@@ -118,7 +118,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     timeout, bf16 = params.runconfig.rpc_timeout_s, params.model.fp16_type == "bfloat16"
     if node.parent is None:
         upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
-            model_def(params), plan, job.addresses["memoryx"], timeout, bf16
+            model_def(params), plan, job.addresses["memoryx"], timeout, bf16, job.credential
         )
     else:
         upstream = ParentUpstream(
@@ -127,6 +127,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             timeout,
             bf16,
             f"swarmx-{node.parent}",
+            job.credential,
         )
     return SwarmNodeLogic(len(node.children), upstream, timeout)
 

@@ -3,11 +3,17 @@
 A checkpoint is written into ``.checkpoint_<step>.partial/``; once every shard's files and the index,
 config and trainer state are in and fsynced, the directory is renamed to ``checkpoint_<step>``. A crash
 at any point leaves either a complete ``checkpoint_<step>`` or a ``.partial`` one that is never loaded.
+
+Retention (``runconfig.keep_checkpoint_max``) removes old checkpoints the other way round: renamed aside
+to ``.checkpoint_<step>.deleting`` first (no longer complete, so never loaded), then deleted; a crash in
+between leaves a ``.deleting`` directory that the next pass removes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,6 +21,7 @@ from typing import Any
 from weightstream.checkpoint_layout import (
     TRAINER_STATE,
     checkpoint_dir,
+    complete_checkpoints,
     partial_dir_path,
     shard_file_name,
 )
@@ -22,7 +29,9 @@ from weightstream.params import Params
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
 
-__all__ = ["finish_checkpoint", "hf_config", "partial_dir"]
+__all__ = ["finish_checkpoint", "hf_config", "partial_dir", "prune_checkpoints"]
+
+_DELETING = re.compile(r"^\.checkpoint_\d+\.deleting$")
 
 
 def partial_dir(model_dir: Path, step: int) -> Path:
@@ -90,3 +99,29 @@ def finish_checkpoint(
     tmp.rename(final)
     fsync_dir(model_dir)
     return final
+
+
+def prune_checkpoints(
+    model_dir: Path, keep_max: int | None, just_written: Path, log: logging.Logger | None = None
+) -> list[int]:
+    """Delete complete checkpoints beyond the newest ``keep_max`` (by step), oldest first, never
+    ``just_written`` (a run restarted from scratch writes below the steps of an earlier run's
+    checkpoints). ``keep_max`` None keeps every checkpoint. Returns the steps removed."""
+    for leftover in [d for d in model_dir.iterdir() if _DELETING.match(d.name)]:  # a crash mid-delete
+        shutil.rmtree(leftover, ignore_errors=True)
+    if keep_max is None:
+        return []
+    complete = complete_checkpoints(model_dir)  # by step, oldest first
+    newest = {d for _, d in complete[-keep_max:]} | {just_written}
+    removed = []
+    for step, d in complete:
+        if d in newest:
+            continue
+        aside = model_dir / f".checkpoint_{step}.deleting"
+        d.rename(aside)  # atomic: from here on the checkpoint is not complete, so never resumed from
+        fsync_dir(model_dir)
+        shutil.rmtree(aside)
+        removed.append(step)
+        if log is not None:
+            log.info("removed checkpoint %s (runconfig.keep_checkpoint_max %d)", d, keep_max)
+    return removed

@@ -28,9 +28,10 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.training.cadence import Cadence
-from weightstream.training.checkpoints import finish_checkpoint, partial_dir
+from weightstream.training.checkpoints import finish_checkpoint, partial_dir, prune_checkpoints
 from weightstream.training.divergence import check_finite
 from weightstream.training.errors import JobCancelled, JobFailed
+from weightstream.transport.auth import new_role_token
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -74,8 +75,13 @@ class JobRunner:
         backend: Backend,
         on_event: Callable[[Event], None] | None = None,
         job_id: str = "local",
+        time_limit_s: float | None = None,
+        time_used_s: float = 0.0,
     ) -> None:
+        """``time_limit_s``: the job's wall-clock limit (None: none), of which earlier runs of it (before a
+        service restart) used ``time_used_s``; checked before every step."""
         self.params, self.backend, self.job_id = params, backend, job_id
+        self.time_limit_s, self.time_used_s = time_limit_s, time_used_s
         self.on_event = on_event or (lambda e: None)
         self.rc = params.runconfig
         self.model = model_def(params)
@@ -142,10 +148,12 @@ class JobRunner:
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
         roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
         self._emit("status", status="starting", roles=self.plan.counts())
+        # a new role credential for every start: roles of an earlier run of this job cannot join this one
+        self.credential = new_role_token()
         try:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled before it started")
-            self.backend.start(roles)
+            self.backend.start(roles, self.credential)
             try:
                 self.addresses = self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
             except BackendError as e:
@@ -165,7 +173,7 @@ class JobRunner:
     def _configure(self, resume_dir: str | None) -> None:
         params = self.params.model_dump(mode="json")
         for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
-            controls = [rpc.ControlStub(open_channel(a)) for a in self.addresses[kind]]
+            controls = [rpc.ControlStub(open_channel(a, self.credential)) for a in self.addresses[kind]]
 
             def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
                 job = JobSpec(params, self.plan.to_dict(), self.addresses, kind, i, resume_dir, self.job_id)
@@ -178,8 +186,8 @@ class JobRunner:
                 )
 
             self._all(kind, configure, self.rc.rpc_timeout_s)
-        self.workers = [rpc.WorkerStub(open_channel(a)) for a in self.addresses["worker"]]
-        self.shards = [rpc.MemoryXStub(open_channel(a)) for a in self.addresses["memoryx"]]
+        self.workers = [rpc.WorkerStub(open_channel(a, self.credential)) for a in self.addresses["worker"]]
+        self.shards = [rpc.MemoryXStub(open_channel(a, self.credential)) for a in self.addresses["memoryx"]]
         self._emit("status", status="running", addresses=self.addresses)
 
     def _rpc_all(self, kind: str, method: str, request: Any) -> list[Any]:
@@ -224,6 +232,7 @@ class JobRunner:
             for step in range(start_step, rc.max_steps):
                 if self._cancelled.is_set():
                     raise JobCancelled(f"cancelled before step {step + 1}")
+                self._check_time_limit(step, t0)
                 record = self._step(step)
                 done, loss = record["step"], record["loss"]
                 tokens_total += record.pop("tokens")
@@ -252,6 +261,15 @@ class JobRunner:
         return RunSummary(
             steps_run, start_step, rc.max_steps, loss, eval_loss, checkpoint, time.monotonic() - t0
         )
+
+    def _check_time_limit(self, done: int, t0: float) -> None:
+        """Fail the job once its wall-clock limit is spent (``t0``: when this run began, monotonic)."""
+        limit = self.time_limit_s
+        if limit is None or self.time_used_s + time.monotonic() - t0 <= limit:
+            return
+        last = last_checkpoint(self.model_dir)
+        where = f"its last checkpoint is {last[1]} (step {last[0]})" if last else "it wrote no checkpoint"
+        raise JobFailed(f"job exceeded its wall-clock limit of {limit:g} s at step {done}; {where}")
 
     def _evaluate(self, step: int) -> float:
         n = self.rc.eval_steps
@@ -286,5 +304,6 @@ class JobRunner:
         }
         path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state)
         self.log.info("checkpoint %s", path)
+        prune_checkpoints(self.model_dir, self.rc.keep_checkpoint_max, path, self.log)
         self._emit("checkpoint", step=step, path=str(path))
         return path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 from weightstream.transport.tensors import read_messages
 
@@ -40,13 +41,18 @@ OPTIONS = [
 
 
 def create_server(
-    address: str, register: Callable[[grpc.Server], None], workers: int = 32
+    address: str,
+    register: Callable[[grpc.Server], None],
+    workers: int = 32,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, int]:
     """A started server on ``address`` (port 0 picks a free one); returns it with the bound port.
 
     Many threads: a SwarmX node holds one open call per child while it waits for its parent, and a
     worker's step call waits while the same process serves nothing else heavy."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=OPTIONS)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers), options=OPTIONS, interceptors=list(interceptors)
+    )
     register(server)
     port = server.add_insecure_port(address)
     if port == 0:
@@ -55,8 +61,9 @@ def create_server(
     return server, port
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=OPTIONS)
+def open_channel(address: str, token: str) -> grpc.Channel:
+    """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``)."""
+    return grpc.intercept_channel(grpc.insecure_channel(address, options=OPTIONS), TokenMetadata(token))
 
 
 def call(peer: str, name: str, fn: Callable[..., T], *args: Any, timeout: float, **kw: Any) -> T:
@@ -83,6 +90,8 @@ def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
     """Map our exceptions to gRPC status codes (never returns)."""
     if isinstance(exc, ChecksumError):
         context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+    if isinstance(exc, PermissionError):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
     if isinstance(exc, ProtocolError | ValueError | KeyError):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TimeoutError):

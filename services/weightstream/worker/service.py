@@ -33,8 +33,8 @@ log = logging.getLogger("weightstream.worker")
 class SwarmParent:
     """Weights from, and gradients to, this worker's SwarmX node (where it is child ``slot``)."""
 
-    def __init__(self, address: str, name: str, slot: int, timeout_s: float, bf16: bool) -> None:
-        channel = open_channel(address)
+    def __init__(self, address: str, name: str, slot: int, timeout_s: float, bf16: bool, token: str) -> None:
+        channel = open_channel(address, token)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
@@ -52,8 +52,9 @@ class SwarmParent:
 
 
 class ActivationClient:
-    def __init__(self, address: str, name: str, timeout_s: float) -> None:
-        self._get = tensors_out_client(open_channel(address), "Activation", "GetBatch", pb.BatchRequest)
+    def __init__(self, address: str, name: str, timeout_s: float, token: str) -> None:
+        channel = open_channel(address, token)
+        self._get = tensors_out_client(channel, "Activation", "GetBatch", pb.BatchRequest)
         self.peer, self.timeout_s = f"{name} ({address})", timeout_s
 
     def get(self, split: str, step: int, worker: int, num_workers: int):  # type: ignore[no-untyped-def]
@@ -75,8 +76,11 @@ def build(job: JobSpec) -> WorkerEngine:
         plan.child_slot("worker", job.index),
         rc.rpc_timeout_s,
         params.model.fp16_type == "bfloat16",
+        job.credential,
     )
-    batches = ActivationClient(job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s)
+    batches = ActivationClient(
+        job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s, job.credential
+    )
     model = model_def(params)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     micro, pipelined = plan_memory(params, model, plan.num_csx, budget)

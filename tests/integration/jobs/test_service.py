@@ -39,8 +39,9 @@ def _free_port() -> int:
 
 
 class Service:
-    def __init__(self, data_dir: Path, slots: int) -> None:
-        self.data_dir, self.slots = data_dir, slots
+    def __init__(self, data_dir: Path, slots: int, *args: str) -> None:
+        """``args``: more `serve` options (limits, data roots)."""
+        self.data_dir, self.slots, self.args = data_dir, slots, args
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.clients: list[Client] = []
@@ -63,6 +64,7 @@ class Service:
                 str(self.data_dir),
                 "--slots",
                 str(self.slots),
+                *self.args,
             ],
             env=env,
             stdout=log,

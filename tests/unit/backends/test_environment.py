@@ -9,7 +9,12 @@ import pytest
 from tests.integration.appliance import TINY
 from weightstream.backends.base import RoleSpec
 from weightstream.backends.environment import THREAD_ENV_VARS, role_env
-from weightstream.backends.kubernetes.manifests import ClusterConfig, cpu_cores, job_manifests
+from weightstream.backends.kubernetes.manifests import (
+    ROLE_ADDRESS_ENV,
+    ClusterConfig,
+    cpu_cores,
+    job_manifests,
+)
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
@@ -20,7 +25,10 @@ def _pod_env(kind: str, worker_cpu: str) -> dict[str, str]:
     model = model_def(p)
     docs = job_manifests("t", p, model, make_plan(p, model), ClusterConfig(worker_cpu=worker_cpu))
     pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == f"ws-t-{kind}-0")
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    # less the pod's own address (POD_IP from the downward API, and the probe's address made of it): a
+    # local process is told where to listen on its command line instead
+    plumbing = {"POD_IP", ROLE_ADDRESS_ENV}
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] not in plumbing}
 
 
 @pytest.mark.parametrize("kind", ["worker", "memoryx", "swarmx", "activation"])

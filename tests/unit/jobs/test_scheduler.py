@@ -271,3 +271,97 @@ def test_a_job_running_at_a_restart_resumes_or_fails(
         h.submit("later")  # the scheduler is going: the failed job was not started before it
         h.wait_started("later")
         assert h.fleet.started == ["later"]
+
+
+@pytest.mark.parametrize(
+    ("autoload", "reason"),
+    [(True, "resumes from its last checkpoint"), (False, "restarts from step 0")],
+)
+def test_shutdown_requeues_running_jobs_and_a_new_service_starts_them(
+    tmp_path: Path, autoload: bool, reason: str
+) -> None:
+    """SIGTERM's path: the service stops the running job's roles and puts the job back in the queue
+    (never failed), and the service started next on the same data dir runs it again."""
+    fleet = Fleet()
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=fleet)
+    raw = copy.deepcopy(TINY)
+    raw["runconfig"]["autoload_last_checkpoint"] = autoload
+    job = service.submit(raw, 1, {"name": "job"})
+    queued = service.submit(copy.deepcopy(TINY), 1, {"name": "queued"})
+    wait_for(lambda: service.store.get(job.id).status == "running", lambda: "job running")
+    service.shutdown(grace_s=10)
+    assert fleet.runners["job"]._stopped, "its roles were not stopped"
+    store = JobStore(tmp_path / "jobs.sqlite")
+    record = store.get(job.id)
+    store.close()
+    assert record.status == "queued" and record.error is None
+    assert [h["status"] for h in record.history] == ["queued", "running", "queued"]
+    assert reason in record.history[-1]["reason"] and "service stopped" in record.history[-1]["reason"]
+
+    again = Fleet()
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=again)
+    try:
+        wait_for(lambda: again.started == ["job"], lambda: f"started {again.started}")
+        assert service.store.get(queued.id).status == "queued"
+    finally:
+        service.shutdown(grace_s=10)
+
+
+def test_shutdown_requeues_a_job_whose_runner_does_not_wind_down(tmp_path: Path) -> None:
+    """A runner that ignores stop() (a backend that cannot reach its pods) must not leave its job
+    ``running`` forever: after the grace period the service requeues it itself."""
+
+    class Deaf(FakeRunner):
+        def stop(self) -> None:  # hears nothing: run() goes on until its own 30 s timeout
+            pass
+
+    made: list[Deaf] = []
+
+    def factory(job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]) -> Deaf:
+        made.append(Deaf(job))
+        return made[-1]
+
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=factory)
+    job = service.submit(copy.deepcopy(TINY), 1)
+    wait_for(lambda: service.store.get(job.id).status == "running", lambda: "job running")
+    service.shutdown(grace_s=0.5)
+    made[0].finish()  # let its thread end: it finds the store closed and only logs that
+    store = JobStore(tmp_path / "jobs.sqlite")
+    try:
+        assert store.get(job.id).status == "queued"
+    finally:
+        store.close()
+
+
+def test_no_submission_is_accepted_once_the_service_stops(harness: Callable[..., Harness]) -> None:
+    from weightstream.jobs.service import QueueFull
+
+    h = harness(slots=1)
+    h.service.shutdown(grace_s=5)
+    with pytest.raises(QueueFull, match="stopping"):
+        h.submit("late")
+
+
+def test_a_cancel_whose_roles_fail_to_stop_still_cancels(harness: Callable[..., Harness]) -> None:
+    """A backend stop racing its own start once raised "dictionary changed size during iteration" out
+    of cancel (a 500). The runner is marked cancelled first, so the cancel stands and the job ends
+    cancelled; the caller sees no error."""
+
+    class Racy(FakeRunner):
+        def cancel(self) -> None:
+            super().cancel()
+            raise RuntimeError("dictionary changed size during iteration")
+
+    class RacyFleet(Fleet):
+        def __call__(
+            self, job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]
+        ) -> FakeRunner:
+            self.started.append(job.labels["name"])
+            self.runners[job.labels["name"]] = runner = Racy(job)
+            return runner
+
+    h = harness(slots=1, fleet=RacyFleet())
+    h.submit("job")
+    h.wait_status("job", "running")
+    h.service.cancel(h.ids["job"])
+    h.wait_status("job", "cancelled")

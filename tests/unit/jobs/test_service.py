@@ -41,3 +41,20 @@ def test_last_event_is_the_newest_of_its_kind(tmp_path: Path) -> None:
     last = store.last_event(job.id, "step")
     assert last is not None and last["data"] == {"step": 3} and last["kind"] == "step"
     store.close()
+
+
+def test_metrics_skip_the_line_a_job_is_still_writing(tmp_path: Path) -> None:
+    """metrics.jsonl is appended to while a job runs: a reader can meet half a line (was a 500)."""
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=lambda *a: None)  # type: ignore[arg-type,return-value]
+    try:
+        job = service.store.create("j1", {}, 1, {}, 2, tmp_path / "j1")
+        (tmp_path / "j1").mkdir()
+        (tmp_path / "j1" / "metrics.jsonl").write_text(
+            '{"step": 1, "loss": 2.5}\n{"step": 1, "eval_loss": 2.4}\n{"step": 2, "lo'
+        )
+        assert service.metrics(job.id) == {
+            "steps": [{"step": 1, "loss": 2.5}],
+            "evals": [{"step": 1, "eval_loss": 2.4}],
+        }
+    finally:
+        service.shutdown()

@@ -1,14 +1,17 @@
 """The Kubernetes backend: a job's roles as pods. The only module of weightstream that imports ``kubernetes``.
 
-It creates what ``manifests.py`` describes (the owner ConfigMap first, so the others can point at its uid),
-reports placement progress ("workers 3/4 running"), turns pod states into failures with the pod's own
-reason (ImagePullBackOff, OOMKilled, Unschedulable, ...) instead of hanging, and deletes the job's objects.
+It creates what ``manifests.py`` describes (the owner ConfigMap first, so the others can point at its uid;
+then the role-token Secret and the NetworkPolicy, so no pod runs without them), reports placement
+progress ("workers 3/4 running"), turns pod states into failures with the pod's own reason
+(ImagePullBackOff, OOMKilled, Unschedulable, ...) instead of hanging, and deletes the job's objects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
@@ -24,10 +27,15 @@ from weightstream.backends.kubernetes.manifests import (
     job_object_name,
     role_addresses,
 )
+from weightstream.backends.kubernetes.security import role_token_secret_name
 from weightstream.params import Params, model_def
 from weightstream.plan import make_plan
 
-__all__ = ["KubernetesBackend", "default_api", "pod_problem"]
+__all__ = ["KubernetesBackend", "default_api", "own_namespace", "pod_problem"]
+
+# where the kubelet puts the namespace of a pod's service account (with its token, which the coordinator's
+# pod keeps: it calls the API)
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 # container waiting reasons that will not fix themselves
 _FATAL_WAITING = {
@@ -48,6 +56,14 @@ def default_api() -> client.CoreV1Api:
     except config.ConfigException:
         config.load_kube_config()
     return client.CoreV1Api()
+
+
+def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The namespace of the pod this process runs in, or None outside a pod."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
 
 
 def pod_problem(pod: Any) -> str | None:
@@ -82,11 +98,18 @@ class KubernetesBackend:
         api: client.CoreV1Api | None = None,
         on_progress: Callable[[str], None] | None = None,
         poll_s: float = 1.0,
+        networking: client.NetworkingV1Api | None = None,
     ) -> None:
+        """``api`` and ``networking`` default to the in-pod service account or the current kubeconfig;
+        ``networking`` defaults to the same connection as ``api``."""
+        if cluster.coordinator_namespace is None and (ns := own_namespace()) is not None:
+            # the job's NetworkPolicy must admit this pod even when jobs go to another namespace
+            cluster = dataclasses.replace(cluster, coordinator_namespace=ns)
         self.job_id, self.params, self.cluster = job_id, params, cluster
         self.model = model_def(params)
         self.plan = make_plan(params, self.model)
         self.api = api or default_api()
+        self.networking = networking or client.NetworkingV1Api(self.api.api_client)
         self.on_progress = on_progress or (lambda msg: None)
         self.poll_s = poll_s
         self._stopping = False
@@ -94,20 +117,35 @@ class KubernetesBackend:
         self._checked: tuple[float, list[str]] = (float("-inf"), [])  # when failures() last asked, and what
 
     # -- Backend -------------------------------------------------------------------------------------------
-    def start(self, roles: list[RoleSpec]) -> None:
+    def start(self, roles: list[RoleSpec], credential: str) -> None:
+        """Create the job's objects; ``credential`` goes into the job's Secret, which every pod mounts."""
         ns = self.cluster.namespace
-        owner, *_ = job_manifests(self.job_id, self.params, self.model, self.plan, self.cluster)
+        try:
+            owner, *_ = job_manifests(self.job_id, self.params, self.model, self.plan, self.cluster)
+        except ValueError as e:  # the job's directory is not on the data volume
+            raise BackendError(f"cannot place job {self.job_id} on Kubernetes: {e}") from e
         created = self._create(
             "ConfigMap", owner["metadata"]["name"], self.api.create_namespaced_config_map, owner
         )
         docs = job_manifests(
-            self.job_id, self.params, self.model, self.plan, self.cluster, created.metadata.uid
+            self.job_id,
+            self.params,
+            self.model,
+            self.plan,
+            self.cluster,
+            created.metadata.uid,
+            credential=credential,
         )
+        create = {
+            "Secret": self.api.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            "Service": self.api.create_namespaced_service,
+        }
         wanted = {(r.kind, r.index) for r in roles}
-        for doc in docs[1:]:
+        for doc in docs[1:]:  # in order: the Secret and NetworkPolicy before any pod
             labels = doc["metadata"]["labels"]
-            if doc["kind"] == "Service":
-                self._create("Service", doc["metadata"]["name"], self.api.create_namespaced_service, doc)
+            if doc["kind"] in create:
+                self._create(doc["kind"], doc["metadata"]["name"], create[doc["kind"]], doc)
             elif (labels[LABEL_ROLE], int(labels[LABEL_INDEX])) in wanted:
                 self._create("Pod", doc["metadata"]["name"], self.api.create_namespaced_pod, doc)
         self.on_progress(f"created {len(wanted)} pods in namespace {ns}")
@@ -176,16 +214,17 @@ class KubernetesBackend:
         return found
 
     def stop(self) -> None:
-        """Delete the owner (the cluster's garbage collector removes the rest) and the pods themselves,
-        so nothing is left even where ownerReferences are not honoured."""
+        """Delete the owner (the cluster's garbage collector removes the rest), then the pods, the
+        Service, the credential's Secret and the NetworkPolicy themselves, so nothing is left even where
+        ownerReferences are not honoured. The Secret goes after the pods that mount it."""
         self._stopping = True
-        ns = self.cluster.namespace
+        ns, name = self.cluster.namespace, job_object_name(self.job_id)
         calls = (
-            lambda: self.api.delete_namespaced_config_map(
-                job_object_name(self.job_id), ns, propagation_policy="Background"
-            ),
+            lambda: self.api.delete_namespaced_config_map(name, ns, propagation_policy="Background"),
             lambda: self.api.delete_collection_namespaced_pod(ns, label_selector=self._selector),
-            lambda: self.api.delete_namespaced_service(job_object_name(self.job_id), ns),
+            lambda: self.api.delete_namespaced_service(name, ns),
+            lambda: self.api.delete_namespaced_secret(role_token_secret_name(name), ns),
+            lambda: self.networking.delete_namespaced_network_policy(name, ns),
         )
         for fn in calls:
             try:

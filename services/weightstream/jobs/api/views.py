@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from weightstream.jobs.limits import MAX_LABEL_LENGTH, MAX_LABELS
 from weightstream.jobs.store import Job
 
 __all__ = [
@@ -26,10 +27,18 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class SubmitRequest(BaseModel):
+    """The submission as OpenAPI documents it. These bounds are for the schema only: the service checks
+    every one of them, and its configured limits, itself (``jobs.limits``), for gRPC as for REST."""
+
     model_config = ConfigDict(extra="forbid")
     params: dict[str, Any] = Field(description="the params file (ModelZoo layout) as a JSON object")
-    num_csx: int = Field(ge=1, le=1024, description="CS-2 workers; overrides runconfig.num_csx")
-    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict, max_length=32)
+    num_csx: int = Field(
+        ge=1, le=1024, description="CS-2 workers; overrides runconfig.num_csx (the service may allow fewer)"
+    )
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH)],
+        Annotated[str, Field(max_length=MAX_LABEL_LENGTH)],
+    ] = Field(default_factory=dict, max_length=MAX_LABELS)
     priority: int = Field(default=2, ge=1, le=3, description="1 runs before 2 before 3")
 
 

@@ -1,15 +1,23 @@
-"""/v1/jobs/{job_id}/checkpoints: a job's complete checkpoints, and each of their files to download."""
+"""/v1/jobs/{job_id}/checkpoints: a job's complete checkpoints, and each of their files to download.
+
+Only plain files that really lie in the checkpoint's own directory are listed or served: a job directory
+is written by training processes, and a symlink planted there (or a checkpoint directory that is itself a
+link) must not turn the API into a reader of any file the service can read. Such a file is missing as far
+as the API is concerned: the same 404, the same message.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse
 
+from weightstream.checkpoint_layout import checkpoint_dir
 from weightstream.jobs.api.deps import ServiceDep, authorize, existing_job
 from weightstream.jobs.api.errors import ERRORS, ApiError
-from weightstream.jobs.api.views import Checkpoint, CheckpointList
+from weightstream.jobs.api.views import Checkpoint, CheckpointFile, CheckpointList
 from weightstream.jobs.store import Job
 
 __all__ = ["router"]
@@ -18,15 +26,47 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(autho
 JobDep = Annotated[Job, Depends(existing_job)]
 
 
+def confined_file(model_dir: Path, step: int, name: str) -> Path | None:
+    """The real path of checkpoint file ``name`` at ``step``, or None unless it is a plain file (no
+    symlink) directly inside the job's ``checkpoint_<step>`` directory, itself no link elsewhere."""
+    path = checkpoint_dir(model_dir, step) / name
+    try:
+        real = path.resolve(strict=True)
+        inside = checkpoint_dir(model_dir.resolve(strict=True), step)
+    except (OSError, RuntimeError):  # missing, or a symlink loop
+        return None
+    if path.is_symlink() or real.parent != inside or not real.is_file():
+        return None
+    return real
+
+
 @router.get("/{job_id}/checkpoints")
 def checkpoints(job: JobDep, service: ServiceDep) -> CheckpointList:
-    return CheckpointList(checkpoints=[Checkpoint(**c) for c in service.checkpoints(job.id)])
+    """Complete checkpoints, by step. A checkpoint none of whose files may be served (one whose directory
+    is a link elsewhere) is not listed: a client could only make an empty directory of it."""
+    model_dir, listed = Path(job.model_dir), []
+    for c in service.checkpoints(job.id):
+        files = [CheckpointFile(**f) for f in c["files"] if confined_file(model_dir, c["step"], f["name"])]
+        if files:
+            listed.append(Checkpoint(step=c["step"], files=files))
+    return CheckpointList(checkpoints=listed)
 
 
-@router.get("/{job_id}/checkpoints/{step}/files/{name}", response_class=FileResponse)
+_FILE = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}/files/{name}",
+    response_class=FileResponse,
+    responses={200: {"description": "the file's bytes", "content": _FILE}},
+)
 def checkpoint_file(job: JobDep, service: ServiceDep, step: int, name: str) -> FileResponse:
+    missing = ApiError(404, "not_found", f"job {job.id} has no checkpoint file {name!r} at step {step}")
     try:
-        path = service.checkpoint_file(job.id, step, name)
+        service.checkpoint_file(job.id, step, name)  # only names a complete checkpoint lists
     except KeyError as e:
-        raise ApiError(404, "not_found", e.args[0]) from e
-    return FileResponse(path, filename=name, media_type="application/octet-stream")
+        raise missing from e
+    real = confined_file(Path(job.model_dir), step, name)
+    if real is None:
+        raise missing
+    return FileResponse(real, filename=name, media_type="application/octet-stream")

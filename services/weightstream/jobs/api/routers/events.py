@@ -1,9 +1,12 @@
-"""/v1/jobs/{job_id}/events: a job's events as server-sent events, live while it runs."""
+"""/v1/jobs/{job_id}/events: a job's events as server-sent events, live while it runs.
+
+A follower waits on the store's feed (``notify.follow``), not in a polling loop, and reads SQLite in a
+worker thread, so hundreds of open streams cost the event loop nothing while the jobs are quiet.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import json
+import functools
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -12,14 +15,16 @@ from fastapi.responses import StreamingResponse
 
 from weightstream.jobs.api.deps import ServiceDep, authorize, existing_job
 from weightstream.jobs.api.errors import ERRORS
-from weightstream.jobs.store import Job
+from weightstream.jobs.notify import follow as follow_job
+from weightstream.jobs.store import Job, event_json
 
-__all__ = ["router"]
+__all__ = ["KEEPALIVE_S", "router"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)], responses=ERRORS)
 
-POLL_S = 0.25  # how often a follower looks for new events
-KEEPALIVE_S = 5.0  # a comment line after this much quiet lets clients check their deadlines
+# A comment line after this much quiet lets clients check their deadlines, and lets the server notice a
+# client that has gone away (the write fails) on a job that says nothing for hours.
+KEEPALIVE_S = 5.0
 
 
 @router.get("/{job_id}/events", response_class=StreamingResponse)
@@ -29,25 +34,16 @@ async def events(
     after: Annotated[int, Query(ge=0)] = 0,
     follow: bool = True,
 ) -> StreamingResponse:
-    """Server-sent events: status changes, logged steps, evals, checkpoints. With ``follow`` the
-    stream stays open until the job has finished."""
-    job_id = job.id
+    """Server-sent events: status changes, logged steps, evals, checkpoints; ``data`` is strict JSON
+    (a non-finite number is null). With ``follow`` the stream stays open until the job has finished."""
+    store = service.store
+    read = functools.partial(store.tail, job.id)
 
     async def stream() -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        seq, quiet_since = after, loop.time()
-        while True:
-            for e in service.store.events(job_id, after=seq):
-                seq = e["seq"]
-                data = json.dumps({**e["data"], "at": e["at"]})
-                yield f"id: {seq}\nevent: {e['kind']}\ndata: {data}\n\n"
-                quiet_since = loop.time()
-            finished = service.is_terminal(job_id) and not service.store.events(job_id, after=seq)
-            if not follow or finished:
-                return
-            if loop.time() - quiet_since > KEEPALIVE_S:
+        async for e in follow_job(store.feed, job.id, read, after=after, live=follow, idle_s=KEEPALIVE_S):
+            if e is None:
                 yield ": keepalive\n\n"
-                quiet_since = loop.time()
-            await asyncio.sleep(POLL_S)
+            else:
+                yield f"id: {e['seq']}\nevent: {e['kind']}\ndata: {event_json(e)}\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

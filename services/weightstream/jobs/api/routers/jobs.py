@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 from weightstream.jobs.api.deps import ServiceDep, authorize, existing_job
 from weightstream.jobs.api.errors import ERRORS, ApiError, error_doc
 from weightstream.jobs.api.views import JobList, JobView, Metrics, Status, SubmitRequest
-from weightstream.jobs.service import CapacityError
+from weightstream.jobs.service import CapacityError, QueueFull
 from weightstream.jobs.store import IllegalTransition, Job
 from weightstream.params import ParamsError
 
@@ -21,15 +21,23 @@ JobDep = Annotated[Job, Depends(existing_job)]
 
 
 @router.post(
-    "", status_code=201, responses={422: error_doc("invalid params (every problem's key path in details)")}
+    "",
+    status_code=201,
+    responses={
+        422: error_doc("invalid params or over a service limit (every problem's key path in details)"),
+        429: error_doc("the queue is full, or the service is stopping: submit again later"),
+    },
 )
 def submit(req: SubmitRequest, service: ServiceDep) -> JobView:
+    # every bound is checked by service.submit (gRPC's path too); SubmitRequest's only document them
     try:
         return JobView.of(service.submit(req.params, req.num_csx, req.labels, req.priority))
     except ParamsError as e:
         raise ApiError(422, "invalid_params", str(e), [p.as_dict() for p in e.problems]) from e
     except CapacityError as e:
         raise ApiError(422, "over_capacity", str(e)) from e
+    except QueueFull as e:
+        raise ApiError(429, "queue_full", str(e)) from e
 
 
 @router.get("")

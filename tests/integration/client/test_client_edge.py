@@ -1,0 +1,122 @@
+"""The client at the edge: it downloads only plain file names a server lists (a hostile server on
+loopback offers others), quotes names on the way, and `wsctl submit` reports a malformed YAML file on one
+line, naming the file and the line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from tests.integration.jobs.live_api import CHECKPOINT_FILES, TOKEN, LiveApi, ThreadedServer
+from weightstream_client import ApiError, Client
+from weightstream_client._client import load_params
+
+
+class HostileServer:
+    """Answers like a weightstream service, but lists whatever checkpoint it is told to; records every
+    file it is asked for."""
+
+    def __init__(self) -> None:
+        self.checkpoint: dict[str, Any] = {}
+        self.requested: list[str] = []
+        app = FastAPI()
+
+        @app.get("/v1/jobs/{job_id}")
+        def job(job_id: str) -> dict[str, Any]:
+            return {"id": job_id, "status": "succeeded"}
+
+        @app.get("/v1/jobs/{job_id}/checkpoints")
+        def checkpoints(job_id: str) -> dict[str, Any]:
+            return {"checkpoints": [self.checkpoint]}
+
+        @app.get("/v1/jobs/{job_id}/checkpoints/{step}/files/{name:path}")
+        def file(job_id: str, step: str, name: str) -> Response:
+            self.requested.append(name)
+            return Response(b"pwned", media_type="application/octet-stream")
+
+        self.app = app
+
+
+@pytest.fixture
+def hostile() -> Iterator[tuple[HostileServer, Client]]:
+    server = HostileServer()
+    with ThreadedServer(server.app) as served, Client(served.url, TOKEN) as client:
+        yield server, client
+
+
+# parent, nested, absolute, subdirectory, Windows separator, dot names, empty, drive, NUL, not a string
+UNSAFE = ["../escape.txt", "../../x", "/tmp/abs.txt", "sub/file", "a\\b", "..", ".", "", "C:evil", "n\x00", 7]
+
+
+@pytest.mark.parametrize("name", UNSAFE, ids=repr)
+def test_download_refuses_a_name_that_is_not_a_plain_file_name(
+    hostile: tuple[HostileServer, Client], tmp_path: Path, name: Any
+) -> None:
+    server, client = hostile
+    # a good file first: nothing at all may be written before the listing is found unsafe
+    files = [{"name": "model.safetensors", "size": 5}, {"name": name, "size": 5}]
+    server.checkpoint = {"step": 1, "files": files}
+    out = tmp_path / "out" / "deeper"
+    with pytest.raises(ApiError) as e:
+        client.job("j1").download(out)
+    assert e.value.code == "unsafe_name" and repr(name) in e.value.message
+    assert list(tmp_path.rglob("*")) == [] and server.requested == []
+
+
+@pytest.mark.parametrize("step", ["../..", -1, 1.5, True, None])
+def test_download_refuses_a_malformed_step(
+    hostile: tuple[HostileServer, Client], tmp_path: Path, step: Any
+) -> None:
+    server, client = hostile
+    server.checkpoint = {"step": step, "files": [{"name": "model.safetensors", "size": 5}]}
+    with pytest.raises(ApiError) as e:
+        client.job("j1").download(tmp_path)
+    assert e.value.code == "bad_listing" and repr(step) in e.value.message
+    assert list(tmp_path.iterdir()) == [] and server.requested == []
+
+
+def test_download_of_a_real_checkpoint_writes_every_file(tmp_path: Path) -> None:
+    with LiveApi(tmp_path / "data") as live, Client(live.url, TOKEN) as client:
+        job = live.finished_job()
+        path = client.job(job.id).download(tmp_path / "out")
+    assert path == tmp_path / "out" / "checkpoint_1"
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == CHECKPOINT_FILES  # "notes #1.txt" too
+
+
+BAD_YAML = "train_input:\n  batch_size: 8\nmodel: [1, 2\nrunconfig: {}\n"
+
+
+def test_wsctl_submit_reports_malformed_yaml_on_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "params.yaml"
+    bad.write_text(BAD_YAML)
+    wsctl = [shutil.which("wsctl") or sys.executable]
+    wsctl += [] if shutil.which("wsctl") else ["-c", "from weightstream_client.cli import main; main()"]
+    # the URL is never contacted: the file is read first
+    env = {**os.environ, "WEIGHTSTREAM_URL": "http://127.0.0.1:9", "WEIGHTSTREAM_TOKEN": TOKEN}
+    r = subprocess.run(
+        [*wsctl, "submit", str(bad)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "line 4" in lines[0], r.stderr
+
+
+def test_load_params_names_the_file_and_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "params.yaml"
+    bad.write_text(BAD_YAML)
+    with pytest.raises(ValueError, match=rf"^{bad}, line 4, column \d+: not valid YAML: "):
+        load_params(bad)
+    with pytest.raises(ValueError, match=r"^the params text, line 4, column \d+: not valid YAML"):
+        load_params(BAD_YAML)
+    # YAML text with a line longer than any file name is text, not an unreadable path
+    assert load_params("key: " + "x" * 400) == {"key": "x" * 400}

@@ -1,0 +1,257 @@
+"""The service's limits: every bound checked by ``JobService.submit`` itself (the path both APIs take),
+refused with the key, the limit and the ``serve`` option, before anything is built or allocated."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.appliance import TINY
+from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from weightstream.jobs.service import JobService, QueueFull, ServiceConfig, ServiceLimits, _time_used
+from weightstream.jobs.store import Job
+from weightstream.params import ParamsError, load_params, model_def
+from weightstream.params.size import num_layers, num_params, tokens_per_step
+
+MLP: dict[str, Any] = {
+    "train_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 8},
+    "model": {"name": "fc_mlp", "input_size": 16, "hidden_size": 32, "depth": 3, "num_classes": 5},
+    "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.1},
+    "runconfig": {"max_steps": 4},
+}
+
+
+def _edit(base: dict[str, Any], **edits: Any) -> dict[str, Any]:
+    """``base`` with keys set by dotted path: _edit(TINY, **{"model.hidden_size": 8})."""
+    d = copy.deepcopy(base)
+    for path, value in edits.items():
+        *parents, last = path.split(".")
+        node = d
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return d
+
+
+@pytest.fixture
+def make_service(tmp_path: Path) -> Iterator[Callable[..., JobService]]:
+    """A real JobService whose jobs block in a fake runner (nothing here needs a job to train)."""
+    made: list[JobService] = []
+
+    def make(slots: int = 4, fleet: Fleet | None = None, **limits: Any) -> JobService:
+        config = ServiceConfig(tmp_path / f"data{len(made)}", slots, limits=ServiceLimits(**limits))
+        made.append(JobService(config, runner_factory=fleet or Fleet()))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.shutdown(grace_s=5)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        TINY,
+        _edit(TINY, **{"model.share_embedding_weights": False}),
+        _edit(TINY, **{"model.filter_size": None, "model.num_hidden_layers": 3}),
+        MLP,
+        _edit(MLP, **{"model.depth": 1}),
+    ],
+    ids=["gpt2", "gpt2-untied", "gpt2-default-ffn", "fc_mlp", "fc_mlp-depth-1"],
+)
+def test_closed_form_sizes_match_the_built_model(raw: dict[str, Any]) -> None:
+    p = load_params(raw)
+    model = model_def(p)
+    assert num_params(p.model) == model.num_params
+    assert num_layers(p.model) + (2 if p.model.name == "gpt2" else 1) == len(model.units)
+    seq = p.train_input.max_sequence_length or 1
+    assert tokens_per_step(p.train_input, p.model) == p.train_input.batch_size * seq
+
+
+HUGE = [  # (what, params, the key the problem names, the serve option it names)
+    ("hidden_size", _edit(TINY, **{"model.hidden_size": 10**9, "model.num_heads": 1}), "model.hidden_size",
+     "--max-params"),
+    ("vocab_size", _edit(TINY, **{"model.vocab_size": 10**9}), "model.hidden_size", "--max-params"),
+    ("layers", _edit(TINY, **{"model.num_hidden_layers": 10**9}), "model.num_hidden_layers", "--max-layers"),
+    ("fc_mlp input", _edit(MLP, **{"model.input_size": 10**9}), "model.hidden_size", "--max-params"),
+    ("fc_mlp depth", _edit(MLP, **{"model.depth": 10**9}), "model.depth", "--max-layers"),
+    ("batch_size", _edit(TINY, **{"train_input.batch_size": 10**9}), "train_input.batch_size",
+     "--max-tokens-per-step"),
+    ("eval batch", _edit(TINY, **{"eval_input.batch_size": 10**6}), "eval_input.batch_size",
+     "--max-tokens-per-step"),
+    ("fc_mlp batch", _edit(MLP, **{"train_input.batch_size": 2**21}), "train_input.batch_size",
+     "--max-tokens-per-step"),
+    ("max_steps", _edit(TINY, **{"runconfig.max_steps": 10**9}), "runconfig.max_steps", "--max-steps"),
+    ("act servers", _edit(TINY, **{"runconfig.num_act_servers": 65}), "runconfig.num_act_servers",
+     "--max-workers"),
+    ("rpc timeout", _edit(TINY, **{"runconfig.rpc_timeout_s": 10**6}), "runconfig.rpc_timeout_s",
+     "--max-job-seconds"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "raw", "path", "option"), HUGE, ids=[h[0] for h in HUGE])
+def test_a_job_over_a_limit_is_refused_naming_the_key_the_limit_and_the_option(
+    make_service: Callable[..., JobService], what: str, raw: dict[str, Any], path: str, option: str
+) -> None:
+    service = make_service()
+    with pytest.raises(ParamsError) as e:
+        service.submit(copy.deepcopy(raw), num_csx=1)
+    problems = {p.path: str(p) for p in e.value.problems}
+    assert path in problems, f"{what}: {problems}"
+    assert option in problems[path] and "at most" in problems[path]
+    assert service.store.list() == []
+
+
+def test_the_default_limits_name_the_parameter_count() -> None:
+    raw = _edit(TINY, **{"model.hidden_size": 10**6, "model.num_heads": 1})
+    from weightstream.jobs.limits import check_params
+
+    (problem,) = check_params(load_params(raw), ServiceLimits())
+    assert str(problem).startswith("model.hidden_size: the model has 8e+12 parameters; this service "
+                                   "accepts at most 2e+09 (serve --max-params)")  # fmt: skip
+
+
+def test_submit_allocates_nothing_for_huge_params(tmp_path: Path) -> None:
+    """With 3 GiB of address space: submits that would build a billion-layer model or make a billion
+    classes are refused at once (ParamsError, never MemoryError), and a job within the limits whose
+    synthetic task is big (4 GB of class centres) is accepted without generating it in the API."""
+    script = textwrap.dedent(f"""
+        import json, resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        from pathlib import Path
+        from weightstream.jobs.service import JobService, ServiceConfig
+        from weightstream.params import ParamsError
+        def no_runner(*args):  # an accepted job fails to start: only what submit does is measured
+            raise RuntimeError("not here")
+        service = JobService(ServiceConfig(Path({str(tmp_path)!r}), 4), runner_factory=no_runner)
+        for raw in json.loads(sys.stdin.read()):
+            try:
+                service.submit(raw, num_csx=1)
+                print("accepted")
+            except ParamsError as e:
+                print(sorted(p.path for p in e.problems))
+            except Exception as e:
+                print(type(e).__name__)
+    """)
+    cases = {
+        "['runconfig.execution_mode']": _edit(
+            TINY,
+            **{"model.num_hidden_layers": 10**9, "runconfig.execution_mode": "pipelined",
+               "runconfig.worker_memory_mb": 1, "runconfig.num_wgt_servers": 1},
+        ),
+        "['model.hidden_size']": _edit(MLP, **{"model.num_classes": 10**9}),
+        "['train_input.batch_size']": _edit(TINY, **{"train_input.batch_size": 10**9}),
+        "accepted": _edit(MLP, **{"model.input_size": 10**8, "model.hidden_size": 1, "model.depth": 1}),
+    }  # fmt: skip
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(list(cases.values())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == list(cases), r.stderr[-3000:]
+
+
+BAD_REQUESTS = [  # (num_csx, labels, priority, the path named)
+    (1, {}, -1000, "priority"),
+    (1, {}, 0, "priority"),
+    (1, {}, 4, "priority"),
+    (1, {}, True, "priority"),
+    (0, {}, 2, "num_csx"),
+    (-3, {}, 2, "num_csx"),
+    (65, {}, 2, "num_csx"),  # over max_workers (64), even though within no slot count's business
+    (1, {f"k{i}": "v" for i in range(33)}, 2, "labels"),
+    (1, {"team": "x" * 257}, 2, "labels.team"),
+    (1, {"": "v"}, 2, "labels."),
+    (1, {"team": 7}, 2, "labels.team"),
+    (1, ["team"], 2, "labels"),
+]
+
+
+@pytest.mark.parametrize(("num_csx", "labels", "priority", "path"), BAD_REQUESTS)
+def test_the_submission_fields_are_checked_by_the_service(
+    make_service: Callable[..., JobService], num_csx: Any, labels: Any, priority: Any, path: str
+) -> None:
+    """What REST's schema checks, the service checks again: gRPC (and any future API) has no schema."""
+    service = make_service(slots=128)
+    with pytest.raises(ParamsError) as e:
+        service.submit(copy.deepcopy(TINY), num_csx=num_csx, labels=labels, priority=priority)
+    assert path in [p.path for p in e.value.problems]
+    assert service.store.list() == []
+
+
+def test_params_that_are_not_a_mapping_are_refused(make_service: Callable[..., JobService]) -> None:
+    with pytest.raises(ParamsError) as e:
+        make_service().submit([1, 2], num_csx=1)  # type: ignore[arg-type]
+    assert [p.path for p in e.value.problems] == ["params"]
+
+
+def test_a_full_queue_refuses_submissions_until_a_job_starts(make_service: Callable[..., JobService]) -> None:
+    fleet = Fleet()
+    service = make_service(slots=1, fleet=fleet, max_queued_jobs=2)
+    ids = {}
+    for name in ("a", "b", "c"):
+        ids[name] = service.submit(copy.deepcopy(TINY), 1, {"name": name}).id
+        if name == "a":  # running: it does not count
+            wait_for(lambda: fleet.started == ["a"], lambda: f"a started ({fleet.started})")
+    with pytest.raises(QueueFull, match="--max-queued-jobs"):
+        service.submit(copy.deepcopy(TINY), 1, {"name": "d"})
+    assert len(service.store.list()) == 3
+    fleet.runners["a"].finish()
+    wait_for(lambda: fleet.started == ["a", "b"], lambda: f"b started ({fleet.started})")
+    service.submit(copy.deepcopy(TINY), 1, {"name": "e"})  # room again
+
+
+@pytest.mark.parametrize(
+    ("params_value", "service_default", "kept"),
+    [("absent", 5, 5), ("absent", None, None), (None, 5, None), (2, 5, 2), (9, None, 9)],
+)
+def test_the_service_applies_its_checkpoint_retention_where_params_set_none(
+    make_service: Callable[..., JobService], params_value: Any, service_default: int | None, kept: int | None
+) -> None:
+    raw = copy.deepcopy(TINY)
+    if params_value != "absent":
+        raw["runconfig"]["keep_checkpoint_max"] = params_value
+    job = make_service(keep_checkpoint_max=service_default).submit(raw, num_csx=1)
+    assert job.params["runconfig"]["keep_checkpoint_max"] == kept
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_params": 0}, {"max_queued_jobs": -1}, {"max_job_seconds": 0}, {"keep_checkpoint_max": 0}]
+)
+def test_nonsense_limits_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ServiceLimits(**kwargs)
+
+
+def test_limits_are_the_services_only() -> None:
+    """`weightstream run` validates with load_params alone: a huge model is still valid params there."""
+    raw = _edit(TINY, **{"model.hidden_size": 10**6, "model.num_heads": 1, "train_input.batch_size": 10**6})
+    assert load_params(raw).model.hidden_size == 10**6
+
+
+def test_time_used_counts_every_run_of_a_job() -> None:
+    """The wall-clock limit spans restarts: a requeued job gets only what is left of it."""
+    history = [
+        {"status": "queued", "at": 100.0},
+        {"status": "running", "at": 110.0},
+        {"status": "queued", "at": 150.0, "reason": "service stopped"},
+        {"status": "running", "at": 500.0},
+        {"status": "queued", "at": 520.0, "reason": "service restarted"},
+    ]
+    job = Job("j", "queued", {}, 1, {}, 2, 100.0, 520.0, None, "/x", history)
+    assert _time_used(job) == 60.0
