@@ -1,9 +1,12 @@
 """The appliance as a service: a persistent queue of jobs, run on a fixed number of CS-2 slots.
 
-- ``store``: every accepted job and its events, in SQLite.
+- ``store``: every accepted job and its events, in SQLite; ``notify``: the feed that wakes followers when
+  the store changes (no polling, no thread per stream).
 - ``service``: the behaviour (validate and enqueue, schedule by priority over free slots, cancel, recover
-  after a restart, answer what a job did); no HTTP or gRPC in it.
-- ``api/``: the REST API (FastAPI), a router per resource; ``grpc_api``: the same service over gRPC.
+  after a restart, requeue on shutdown, answer what a job did); no HTTP or gRPC in it.
+- ``limits`` and ``data_roots``: what a job submitted to the service may ask for and read (the one
+  validation path of REST and gRPC).
+- ``api/``: the REST API (FastAPI), a router per resource; ``grpc_api``: the same service over grpc.aio.
 - ``metrics``: the Prometheus collector.
 
 Jobs run through ``training`` on a ``backends`` implementation; nothing here reaches into a role.

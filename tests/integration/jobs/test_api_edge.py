@@ -245,3 +245,26 @@ def test_checkpoint_files_are_served_only_from_inside_the_checkpoint(live: LiveA
             assert r.status_code == 404, (step, name)
             message = f"job {job.id} has no checkpoint file {name!r} at step {step}"
             assert r.json() == {"error": {"code": "not_found", "message": message}}
+
+
+def test_a_checkpoint_file_deleted_by_retention_after_its_check_still_downloads_whole(
+    live: LiveApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention may delete an old checkpoint between the route's checks and the download: the file is
+    opened by the check itself, so the download is whole, never a 500."""
+    from weightstream.jobs.api.routers import checkpoints as route
+
+    job = live.finished_job()
+    checked = route.open_confined
+
+    def then_deleted(model_dir: Path, step: int, name: str) -> Any:
+        f = checked(model_dir, step, name)
+        (model_dir / f"checkpoint_{step}" / name).unlink()  # as prune_checkpoints would, right after
+        return f
+
+    monkeypatch.setattr(route, "open_confined", then_deleted)
+    name, data = next(iter(CHECKPOINT_FILES.items()))
+    with live.http() as http:
+        r = http.get(f"/v1/jobs/{job.id}/checkpoints/1/files/{quote(name, safe='')}")
+    assert r.status_code == 200 and r.content == data
+    assert r.headers["content-length"] == str(len(data))

@@ -8,11 +8,14 @@ as the API is concerned: the same 404, the same message.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, BinaryIO
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
 from weightstream.checkpoint_layout import checkpoint_dir
 from weightstream.jobs.api.deps import ServiceDep, authorize, existing_job
@@ -38,6 +41,24 @@ def confined_file(model_dir: Path, step: int, name: str) -> Path | None:
     if path.is_symlink() or real.parent != inside or not real.is_file():
         return None
     return real
+
+
+def open_confined(model_dir: Path, step: int, name: str) -> BinaryIO | None:
+    """``confined_file``, opened (without following a link planted since the check): once open, the
+    file downloads whole even if checkpoint retention deletes it meanwhile."""
+    real = confined_file(model_dir, step, name)
+    if real is None:
+        return None
+    try:
+        return os.fdopen(os.open(real, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError:  # gone since the check (retention), or replaced by a link
+        return None
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    with f:
+        while chunk := f.read(1 << 20):
+            yield chunk
 
 
 @router.get("/{job_id}/checkpoints")
@@ -66,7 +87,11 @@ def checkpoint_file(job: JobDep, service: ServiceDep, step: int, name: str) -> F
         service.checkpoint_file(job.id, step, name)  # only names a complete checkpoint lists
     except KeyError as e:
         raise missing from e
-    real = confined_file(Path(job.model_dir), step, name)
-    if real is None:
+    f = open_confined(Path(job.model_dir), step, name)
+    if f is None:
         raise missing
-    return FileResponse(real, filename=name, media_type="application/octet-stream")
+    headers = {
+        "Content-Length": str(os.fstat(f.fileno()).st_size),
+        "Content-Disposition": f"attachment; filename*=utf-8''{quote(name)}",
+    }
+    return StreamingResponse(_chunks(f), media_type="application/octet-stream", headers=headers)
