@@ -85,3 +85,14 @@ def metrics(model_dir: Path) -> tuple[dict[int, float], dict[int, float]]:
         {r["step"]: r["loss"] for r in rows if "loss" in r},
         {r["step"]: r["eval_loss"] for r in rows if "eval_loss" in r},
     )
+
+
+def run_uninterrupted(tmp: Path, params: dict[str, Any], name: str = "straight") -> Path:
+    """``params`` trained by `weightstream run` with one CS-2 in one go: the run an interrupted job must
+    equal. Returns its model_dir."""
+    params_path = tmp / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    model_dir = tmp / name
+    r = run(params_path, model_dir, "--num_csx", "1")
+    assert r.returncode == 0, r.stderr
+    return model_dir

@@ -10,10 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 from numpy.testing import assert_array_equal
 
-from tests.integration.appliance import metrics, run
+from tests.integration.appliance import metrics, run_uninterrupted
 from tests.integration.jobs.test_service import (
     Service,
     _alive,
@@ -81,11 +80,7 @@ def test_sigterm_requeues_a_running_job_which_resumes_after_a_restart(tmp_path: 
         resuming = [e for e in events if e["kind"] == "progress" and e.get("status") == "resuming"]
         assert [e["step"] for e in resuming] == [resume_step]
 
-        params_path = tmp_path / "params.yaml"
-        params_path.write_text(yaml.safe_dump(params))
-        straight = tmp_path / "straight"
-        r = run(params_path, straight, "--num_csx", "1")
-        assert r.returncode == 0, r.stderr
+        straight = run_uninterrupted(tmp_path, params)
         straight_losses, _ = metrics(straight)
         rows = job.metrics()["steps"]
         assert {row["step"] for row in rows} == set(range(1, max_steps + 1))
