@@ -22,6 +22,7 @@ __all__ = ["KEEPALIVE_S", "router"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)], responses=ERRORS)
 
+MAX_SEQ = (1 << 63) - 1  # SQLite's largest integer
 # A comment line after this much quiet lets clients check their deadlines, and lets the server notice a
 # client that has gone away (the write fails) on a job that says nothing for hours.
 KEEPALIVE_S = 5.0
@@ -31,7 +32,8 @@ KEEPALIVE_S = 5.0
 async def events(
     job: Annotated[Job, Depends(existing_job)],
     service: ServiceDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    # an event's seq is an SQLite integer: a larger ``after`` is a 422, not a query that overflows mid-stream
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     follow: bool = True,
 ) -> StreamingResponse:
     """Server-sent events: status changes, logged steps, evals, checkpoints; ``data`` is strict JSON
