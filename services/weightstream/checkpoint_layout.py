@@ -23,6 +23,7 @@ __all__ = [
     "confine_checkpoint",
     "last_checkpoint",
     "partial_dir_path",
+    "servable_file",
     "shard_file_name",
 ]
 
@@ -77,3 +78,19 @@ def confine_checkpoint(model_dir: str | Path, directory: str | Path, step: int |
         what = f"the partial checkpoint of step {step}" if step is not None else "a checkpoint"
         raise PermissionError(f"{directory} is not {what} of this job (under {root})")
     return real
+
+
+def servable_file(model_dir: Path, step: int, name: str) -> Path | None:
+    """The real path of file ``name`` of the complete checkpoint ``step``, or None unless it is a plain
+    file (no symlink) directly inside the job's own ``checkpoint_<step>`` directory, itself no link: a job
+    directory is written by training processes, and a link planted there must not make the service a
+    reader of any file it can read."""
+    path = checkpoint_dir(model_dir, step) / name
+    try:
+        real = path.resolve(strict=True)
+        inside = checkpoint_dir(model_dir.resolve(strict=True), step)
+    except (OSError, RuntimeError):  # missing, or a symlink loop
+        return None
+    if path.is_symlink() or real.parent != inside or not real.is_file():
+        return None
+    return real if (inside / TRAINER_STATE).is_file() else None

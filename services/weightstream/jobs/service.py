@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from weightstream.backends.base import Backend
 from weightstream.backends.kubernetes import INSTALL_HINT, client_available
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.backends.local import LocalProcessBackend
-from weightstream.checkpoint_layout import checkpoint_dir, complete_checkpoints
+from weightstream.checkpoint_layout import complete_checkpoints, servable_file
 from weightstream.jobs.data_roots import check_data, confine_data, default_data_root, resolve_data_roots
 from weightstream.jobs.limits import ServiceLimits, check_params, check_request, with_service_defaults
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
@@ -335,24 +335,30 @@ class JobService:
         return "\n".join(lines[-tail:] if tail else lines) + ("\n" if lines else "")
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
-        """Every complete checkpoint of the job: its step and its files with their sizes."""
-        out = []
-        for step, d in complete_checkpoints(Path(self.store.get(job_id).model_dir)):
+        """Every complete checkpoint of the job with a file to serve: its step and its servable files
+        (``checkpoint_layout.servable_file``: plain files, no links) with their sizes."""
+        model_dir, out = Path(self.store.get(job_id).model_dir), []
+        for step, d in complete_checkpoints(model_dir):
             try:
-                files = [
-                    {"name": f.name, "size": f.stat().st_size} for f in sorted(d.iterdir()) if f.is_file()
-                ]
+                names = sorted(f.name for f in d.iterdir())
             except FileNotFoundError:  # removed meanwhile by the job's checkpoint retention
                 continue
-            out.append({"step": step, "files": files})
+            real = {n: servable_file(model_dir, step, n) for n in names}
+            files = [{"name": n, "size": r.stat().st_size} for n, r in real.items() if r is not None]
+            if files:  # a checkpoint with nothing to serve (a link elsewhere) is not listed
+                out.append({"step": step, "files": files})
         return out
 
-    def checkpoint_file(self, job_id: str, step: int, name: str) -> Path:
-        """Path of one file of a complete checkpoint; KeyError if there is no such file."""
-        for c in self.checkpoints(job_id):
-            if c["step"] == step and any(f["name"] == name for f in c["files"]):
-                return checkpoint_dir(Path(self.store.get(job_id).model_dir), step) / name
-        raise KeyError(f"job {job_id} has no checkpoint file {name!r} at step {step}")
+    def open_checkpoint_file(self, job_id: str, step: int, name: str) -> BinaryIO:
+        """One servable file of a complete checkpoint, opened (without following a link planted since the
+        check): once open it reads whole even if retention deletes it meanwhile. KeyError if none."""
+        real = servable_file(Path(self.store.get(job_id).model_dir), step, name)
+        try:
+            if real is None:
+                raise FileNotFoundError(name)
+            return os.fdopen(os.open(real, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+        except OSError as e:  # not servable, gone since the check (retention), or replaced by a link
+            raise KeyError(f"job {job_id} has no checkpoint file {name!r} at step {step}") from e
 
     def is_terminal(self, job_id: str) -> bool:
         return self.store.get(job_id).status in TERMINAL

@@ -252,17 +252,17 @@ def test_a_checkpoint_file_deleted_by_retention_after_its_check_still_downloads_
 ) -> None:
     """Retention may delete an old checkpoint between the route's checks and the download: the file is
     opened by the check itself, so the download is whole, never a 500."""
-    from weightstream.jobs.api.routers import checkpoints as route
-
     job = live.finished_job()
-    checked = route.open_confined
+    service = live.service
+    checked = service.open_checkpoint_file
 
-    def then_deleted(model_dir: Path, step: int, name: str) -> Any:
-        f = checked(model_dir, step, name)
-        (model_dir / f"checkpoint_{step}" / name).unlink()  # as prune_checkpoints would, right after
+    def then_deleted(job_id: str, step: int, name: str) -> Any:
+        f = checked(job_id, step, name)
+        # as prune_checkpoints would, right after the check
+        (Path(job.model_dir) / f"checkpoint_{step}" / name).unlink()
         return f
 
-    monkeypatch.setattr(route, "open_confined", then_deleted)
+    monkeypatch.setattr(service, "open_checkpoint_file", then_deleted)
     name, data = next(iter(CHECKPOINT_FILES.items()))
     with live.http() as http:
         r = http.get(f"/v1/jobs/{job.id}/checkpoints/1/files/{quote(name, safe='')}")
@@ -279,3 +279,16 @@ def test_an_event_cursor_beyond_sqlites_integers_is_a_422_not_a_broken_stream(li
         assert r.status_code == 422 and "after" in r.text
         r = http.get(f"/v1/jobs/{job.id}/events", params={"after": 2**63 - 1, "follow": "false"})
         assert r.status_code == 200 and r.text == ""
+
+
+def test_a_checkpoint_without_its_trainer_state_is_neither_listed_nor_served(live: LiveApi) -> None:
+    """``trainer_state.json`` is written last: a directory without it is not a checkpoint yet."""
+    job = live.finished_job()
+    unfinished = Path(job.model_dir) / "checkpoint_3"
+    unfinished.mkdir()
+    (unfinished / "model.safetensors").write_bytes(b"half")
+    with live.http() as http:
+        listed = http.get(f"/v1/jobs/{job.id}/checkpoints").json()["checkpoints"]
+        assert [c["step"] for c in listed] == [1]
+        r = http.get(f"/v1/jobs/{job.id}/checkpoints/3/files/model.safetensors")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
