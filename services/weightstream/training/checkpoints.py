@@ -91,8 +91,8 @@ def finish_checkpoint(
             index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
             write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
     write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
+    # written last, and like every durable write it fsyncs its directory: tmp's entries are all on disk
     write_text_durably(tmp / TRAINER_STATE, json.dumps({"global_step": step, **trainer_state}, indent=2))
-    fsync_dir(tmp)
     final = checkpoint_dir(model_dir, step)
     if final.exists():
         shutil.rmtree(final)
