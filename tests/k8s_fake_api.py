@@ -2,8 +2,9 @@
 
 Stores the kinds the Kubernetes backend and the Helm chart create (``_RESOURCES``) per namespace, assigns
 uids, turns a Secret's ``stringData`` into base64 ``data`` as the API server does, filters by label
-selector, emulates the garbage collector (deleting an owner deletes what points at it), and lets a test
-set a pod's status the way a kubelet would. It answers discovery (``/version``, ``/api``, ``/apis``) too, so
+selector, emulates the garbage collector (deleting an owner deletes what points at it), deletes pods
+gracefully as the API server does (see ``_delete_pod``), and lets a test set a pod's status or finish its
+deletion the way a kubelet would. It answers discovery (``/version``, ``/api``, ``/apis``) too, so
 Helm can install the chart into it. The real ``kubernetes`` client and the real Helm engine talk to it,
 so requests and responses are real (JSON only: Helm must keep its release records in memory,
 ``HELM_DRIVER=memory``, as its typed Secret client would speak protobuf).
@@ -16,6 +17,7 @@ import json
 import re
 import threading
 import uuid
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -138,22 +140,63 @@ class FakeKubernetesAPI:
                 ]
                 items = [self.objects.pop(key) for key in gone]
                 return 200, {"kind": f"{k}List", "apiVersion": "v1", "metadata": {}, "items": items}
+            if k == "Pod" and (pod := self.objects.get((k, ns, name or ""))) is not None:
+                grace = query.get("gracePeriodSeconds") or (body or {}).get("gracePeriodSeconds")
+                return 200, self._delete_pod(ns, pod, None if grace is None else int(grace))
             obj = self.objects.pop((k, ns, name or ""), None)
             if obj is None:
                 return 404, _status(404, "NotFound", f"{kind} {name} not found")
-            uid = obj["metadata"]["uid"]  # the garbage collector: dependents go with their owner
-            for key in [
-                key
-                for key, o in self.objects.items()
-                if any(r["uid"] == uid for r in o["metadata"].get("ownerReferences", []))
-            ]:
-                self.objects.pop(key)
+            self._collect_garbage(obj)
             return 200, _status(200, "Success", "deleted")
+
+    def _delete_pod(self, ns: str, pod: dict[str, Any], grace: int | None) -> dict[str, Any]:
+        """As the API server: a pod goes at once with grace period 0 or once it has finished (Failed,
+        Succeeded); otherwise, and while it has finalizers, it stays with ``deletionTimestamp`` set
+        until ``finish_deletion`` (its kubelet's part). Returns the pod, as the API server does."""
+        meta = pod["metadata"]
+        if grace is None:
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        if pod.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+            grace = 0
+        meta.setdefault("deletionTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta["deletionGracePeriodSeconds"] = grace
+        if grace == 0 and not meta.get("finalizers"):
+            self.objects.pop(("Pod", ns, meta["name"]))
+            self._collect_garbage(pod)
+        return pod
+
+    def _collect_garbage(self, obj: dict[str, Any]) -> None:
+        uid = obj["metadata"]["uid"]  # the garbage collector: dependents go with their owner
+        for key in [
+            key
+            for key, o in self.objects.items()
+            if any(r["uid"] == uid for r in o["metadata"].get("ownerReferences", []))
+        ]:
+            self.objects.pop(key)
 
     # -- what a kubelet or scheduler would do ----------------------------------------------------------------
     def set_pod_status(self, name: str, status: dict[str, Any], ns: str = "default") -> None:
         with self.lock:
             self.objects[("Pod", ns, name)]["status"] = status
+
+    def set_pod_finalizers(self, name: str, finalizers: list[str], ns: str = "default") -> None:
+        """What a controller holding a pod does: its deletion then waits for ``finish_deletion``."""
+        with self.lock:
+            self.objects[("Pod", ns, name)]["metadata"]["finalizers"] = finalizers
+
+    def delete_pod(self, name: str, grace_s: int | None = None, ns: str = "default") -> None:
+        """What ``kubectl delete pod`` (or a drain's eviction) asks of the API server."""
+        with self.lock:
+            self._delete_pod(ns, self.objects[("Pod", ns, name)], grace_s)
+
+    def finish_deletion(self, name: str, ns: str = "default", uid: str | None = None) -> None:
+        """The kubelet has stopped the pod's containers and its controllers let go: the pod leaves. With
+        ``uid``, only that pod (a kubelet's delete has a uid precondition: never a new pod of that name)."""
+        with self.lock:
+            pod = self.objects[("Pod", ns, name)]
+            if uid is None or pod["metadata"]["uid"] == uid:
+                self.objects.pop(("Pod", ns, name))
+                self._collect_garbage(pod)
 
     def pods(self, ns: str = "default") -> list[dict[str, Any]]:
         return self.of_kind("Pod", ns)

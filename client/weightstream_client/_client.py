@@ -285,6 +285,25 @@ def _checked_listing(job_id: str, cp: dict[str, Any]) -> tuple[int, list[tuple[s
     return step, checked
 
 
+def _recovery_line(e: dict[str, Any]) -> str | None:
+    """A fault-recovery event as one line for a person, or None for any other event:
+    ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
+    failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
+    ``step 20  recovered in 0.4s (replaying 5 steps)`` (``step``: the step every shard holds now)."""
+    kind = e.get("kind")
+    if kind == "restart":
+        budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
+        return f"step {e.get('step')}  restart {budget}: {e.get('reason', e.get('role', ''))}"
+    if kind == "retry":
+        return f"step {e.get('step')}  retry: {e.get('reason', '')}"
+    if kind == "recovered":
+        n = e.get("replay_steps", 0)
+        took = e.get("recovery_s")
+        took_s = f"{took:.1f}s" if isinstance(took, int | float) else "?"
+        return f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'})"
+    return None
+
+
 class _ProgressBar:
     def __init__(self, job_id: str) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -310,6 +329,9 @@ class _ProgressBar:
             )
         elif e.get("kind") == "eval":
             self.p.console.print(f"step {e['step']}: eval_loss {e['eval_loss']:.4f}")
+        elif (line := _recovery_line(e)) is not None:
+            # printed above the bar, plain: a reason holds paths and brackets that are no rich markup
+            self.p.console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         self.p.stop()

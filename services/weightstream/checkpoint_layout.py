@@ -9,6 +9,8 @@ by MemoryX (which writes its shard's files) and by the job service (which lists 
         model.safetensors                one MemoryX shard, or
         model-0000i-of-0000K.safetensors + model.safetensors.index.json
         optimizer*.safetensors (+ index), config.json, trainer_state.json
+      .recovery_<step>/                  a recovery snapshot: the same files but config.json, written
+                                         between checkpoints while a run lasts, for fault recovery only
 """
 
 from __future__ import annotations
@@ -23,16 +25,30 @@ __all__ = [
     "confine_checkpoint",
     "last_checkpoint",
     "partial_dir_path",
+    "recovery_dir",
+    "recovery_snapshots",
     "servable_file",
     "shard_file_name",
 ]
 
 TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
 _DIR = re.compile(r"^checkpoint_(\d+)$")
+_RECOVERY = re.compile(r"^\.recovery_(\d+)$")
 
 
 def checkpoint_dir(model_dir: Path, step: int) -> Path:
     return model_dir / f"checkpoint_{step}"
+
+
+def recovery_dir(model_dir: Path, step: int) -> Path:
+    return model_dir / f".recovery_{step}"
+
+
+def recovery_snapshots(model_dir: Path) -> list[tuple[int, Path]]:
+    """Every recovery snapshot directory in ``model_dir`` (complete or not) as (step, directory)."""
+    if not model_dir.is_dir():
+        return []
+    return sorted((int(m.group(1)), d) for d in model_dir.iterdir() if (m := _RECOVERY.match(d.name)))
 
 
 def partial_dir_path(model_dir: Path, step: int) -> Path:
@@ -65,7 +81,8 @@ def last_checkpoint(model_dir: Path) -> tuple[int, Path] | None:
 
 def confine_checkpoint(model_dir: str | Path, directory: str | Path, step: int | None = None) -> Path:
     """``directory`` resolved, if it is one of ``model_dir``'s checkpoint directories: the partial one of
-    ``step`` (being written) or, with ``step`` None, a complete one (to resume from). Anything else, a
+    ``step`` (being written) or, with ``step`` None, a complete one or a recovery snapshot (to resume
+    from). Anything else, a
     symlink out included, raises PermissionError: a role reads and writes only its own job's checkpoints,
     whatever a request names."""
     root = Path(model_dir).resolve()
@@ -73,7 +90,7 @@ def confine_checkpoint(model_dir: str | Path, directory: str | Path, step: int |
     if step is not None:
         ok = real == partial_dir_path(root, step)
     else:
-        ok = real.parent == root and _DIR.match(real.name) is not None
+        ok = real.parent == root and (_DIR.match(real.name) or _RECOVERY.match(real.name)) is not None
     if not ok:
         what = f"the partial checkpoint of step {step}" if step is not None else "a checkpoint"
         raise PermissionError(f"{directory} is not {what} of this job (under {root})")

@@ -365,7 +365,17 @@ def _role_command(kind: str, what: str) -> None:
             raise typer.Exit(2) from None
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
         service = importlib.import_module(f"weightstream.{kind}.service")
-        serve_role(kind, service.build, service.add_servicer, host, port, ready_file, parent_pid, token=token)
+        serve_role(
+            kind,
+            service.build,
+            service.add_servicer,
+            host,
+            port,
+            ready_file,
+            parent_pid,
+            token=token,
+            reconfigure=getattr(service, "reconfigure", None),
+        )
 
     command.__doc__ = f"Run a {what} (configured by the coordinator over gRPC)."
     app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)

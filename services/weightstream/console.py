@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -85,6 +86,17 @@ def run_local(params: Params, out: Console, err: Console) -> int:
             progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
         elif kind == "checkpoint":
             progress.console.print(f"step {e['step']:>6}  checkpoint {e['path']}")
+        elif kind == "restart":
+            progress.console.print(
+                f"step {e['step']:>6}  [yellow]restart {e['restarts']}/{e['max_role_restarts']}:[/yellow] "
+                f"{escape(e['reason'])}",
+                soft_wrap=True,
+            )
+        elif kind == "retry":
+            progress.console.print(f"step {e['step']:>6}  [yellow]retry:[/yellow] {escape(e['reason'])}")
+        elif kind == "recovered":
+            replay = f", replaying {e['replay_steps']} steps" if e["replay_steps"] else ""
+            progress.console.print(f"step {e['step']:>6}  recovered in {e['recovery_s']:.1f}s{replay}")
 
     t0 = time.monotonic()
     try:

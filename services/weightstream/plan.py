@@ -147,6 +147,11 @@ class JobSpec:
     index: int
     resume_dir: str | None = None
     job_id: str = ""
+    # Fault recovery (``transport.fencing``): the configuration's generation, and for a MemoryX shard that
+    # survived the fault, whether to keep its state (dropping only the interrupted step's gradients)
+    # instead of loading ``resume_dir`` or the seed's initial weights.
+    generation: int = 0
+    keep_state: bool = False
     # The role plane's token, for the calls this role makes to others. Never serialised: a role gets it
     # from its token file at start (``transport.auth``), not from the job it is sent.
     credential: str = field(default="", repr=False)

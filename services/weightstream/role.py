@@ -2,7 +2,10 @@
 
 The process starts unconfigured with the job's role token (``transport.auth``: every call but Health must
 carry it), writes ``{"address", "pid"}`` to its ready file once it listens, and builds its logic when the
-coordinator's Configure call hands it the job. It exits on Shutdown, on
+coordinator's Configure call hands it the job. A later Configure (the coordinator recovering from a fault)
+replaces the logic with one built for the new configuration, or lets the role keep its state where it
+has a ``reconfigure`` hook (MemoryX), under a new generation: calls of any other generation are refused
+(``transport.fencing``). It exits on Shutdown, on
 SIGTERM, and when its parent (the coordinator) is gone, so a crashed coordinator leaves no orphan.
 """
 
@@ -26,6 +29,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.transport.auth import RoleAuthInterceptor, has_credential
+from weightstream.transport.fencing import StaleGenerationError, check_generation, generation_of
 from weightstream.transport.rpc import abort_on_error, create_server
 
 __all__ = ["RoleHost", "serve_role"]
@@ -33,31 +37,60 @@ __all__ = ["RoleHost", "serve_role"]
 log = logging.getLogger("weightstream.role")
 
 
-class RoleHost:
-    """Holds the role's logic once configured; servicers reach it through ``logic(context)``."""
+Reconfigure = Callable[[Any, JobSpec], Any | None]
 
-    def __init__(self, kind: str, build: Callable[[JobSpec], Any], token: str) -> None:
-        self.kind, self._build, self.token = kind, build, token
+
+def _close(logic: Any) -> None:
+    closer = getattr(logic, "close", None)
+    if closer is not None:
+        closer()
+
+
+class RoleHost:
+    """Holds the role's logic once configured; servicers reach it through ``logic(context)``.
+
+    ``reconfigure(old_logic, job)``, where given, is tried first on a later Configure: it returns the logic
+    to keep (adapted to ``job``), or None to build a new one."""
+
+    def __init__(
+        self,
+        kind: str,
+        build: Callable[[JobSpec], Any],
+        token: str,
+        reconfigure: Reconfigure | None = None,
+    ) -> None:
+        self.kind, self._build, self.token, self._reconfigure = kind, build, token, reconfigure
         self.job: JobSpec | None = None
         self._logic: Any = None
+        self._lock = threading.Lock()  # one Configure at a time; logic and job change together
         self.stopped = threading.Event()
 
     def configure(self, job: JobSpec) -> None:
         if job.role != self.kind:
             raise ValueError(f"this process is a {self.kind}, not a {job.role}")
         job = replace(job, credential=self.token)  # for the calls this role makes to the others
-        self._logic = self._build(job)
-        self.job = job
+        with self._lock:
+            old = self._logic
+            kept = self._reconfigure(old, job) if old is not None and self._reconfigure else None
+            # the old logic stops first: its calls in flight fail fast instead of competing with the new
+            if old is not None and kept is not old:
+                _close(old)
+            self._logic = kept if kept is not None else self._build(job)
+            self.job = job
 
     def logic(self, context: grpc.ServicerContext) -> Any:
-        if self._logic is None:
+        """The logic of the current configuration, for a call of its generation; aborts otherwise."""
+        job, logic = self.job, self._logic
+        if logic is None or job is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.kind} is not configured yet")
-        return self._logic
+        try:
+            check_generation(generation_of(context.invocation_metadata()), job.generation, "call")
+        except StaleGenerationError as e:
+            context.abort(grpc.StatusCode.ABORTED, str(e))
+        return logic
 
     def close(self) -> None:
-        closer = getattr(self._logic, "close", None)
-        if closer is not None:
-            closer()
+        _close(self._logic)
 
 
 class ControlServicer(rpc.ControlServicer):
@@ -69,9 +102,14 @@ class ControlServicer(rpc.ControlServicer):
         credential learns more than "serving"."""
         if not has_credential(context.invocation_metadata(), self.host.token):
             return pb.HealthReply()
-        job = self.host.job
+        job, logic = self.host.job, self.host._logic
         return pb.HealthReply(
-            role=self.host.kind, pid=os.getpid(), configured=job is not None, index=job.index if job else -1
+            role=self.host.kind,
+            pid=os.getpid(),
+            configured=job is not None,
+            index=job.index if job else -1,
+            generation=job.generation if job else 0,
+            state_step=getattr(logic, "step", -1) if self.host.kind == "memoryx" else -1,
         )
 
     def Configure(self, request: pb.ConfigureRequest, context: grpc.ServicerContext) -> pb.Ack:
@@ -104,10 +142,11 @@ def serve_role(
     parent_pid: int | None = None,
     *,
     token: str,
+    reconfigure: Reconfigure | None = None,
 ) -> None:
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
     ``token`` is the job's role credential, required on every call but Health."""
-    role = RoleHost(kind, build, token)
+    role = RoleHost(kind, build, token, reconfigure)
 
     def register(server: grpc.Server) -> None:
         rpc.add_ControlServicer_to_server(ControlServicer(role), server)

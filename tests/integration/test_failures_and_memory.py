@@ -30,8 +30,8 @@ def _role_pids(model_dir: Path) -> dict[str, int]:
     }
 
 
-def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    params = write_params(tmp_path, max_steps=100000, num_csx=2, log_steps=1)
+def _start_long_run(tmp_path: Path, **runconfig: object) -> tuple[subprocess.Popen[str], Path]:
+    params = write_params(tmp_path, max_steps=100000, num_csx=2, log_steps=1, **runconfig)
     model_dir = tmp_path / "m"
     proc = subprocess.Popen(
         [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)],
@@ -52,8 +52,12 @@ def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
 
 
 @pytest.mark.parametrize("victim", ["worker-1", "memoryx-0", "swarmx-0"])
-def test_sigkill_of_a_role_fails_the_job_fast_and_leaves_nothing(tmp_path: Path, victim: str) -> None:
-    proc, model_dir = _start_long_run(tmp_path)
+def test_a_role_lost_past_the_restart_budget_fails_the_job_fast_and_leaves_nothing(
+    tmp_path: Path, victim: str
+) -> None:
+    """With no replacements allowed (runconfig.max_role_restarts 0) a dead role fails the job at once,
+    naming it and how it died, with the run's fault history; no process is left behind."""
+    proc, model_dir = _start_long_run(tmp_path, max_role_restarts=0)
     pids = _role_pids(model_dir)
     assert len(pids) == 6  # 2 memoryx, 1 swarmx, 1 activation, 2 workers
     t0 = time.monotonic()
@@ -66,6 +70,7 @@ def test_sigkill_of_a_role_fails_the_job_fast_and_leaves_nothing(tmp_path: Path,
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1
     assert victim in stderr and "SIGKILL" in stderr, stderr
+    assert "runconfig.max_role_restarts (0)" in stderr and "faults of this run:" in stderr, stderr
     assert elapsed < 15, f"took {elapsed:.1f}s to notice"
     time.sleep(0.5)
     assert [n for n, pid in pids.items() if _alive(pid)] == []

@@ -15,7 +15,7 @@ from weightstream.role import RoleHost
 from weightstream.transport.rpc import abort_on_error, add_service, tensors_out
 from weightstream.transport.tensors import tensor_messages
 
-__all__ = ["ActivationServer", "add_servicer", "build"]
+__all__ = ["ActivationServer", "add_servicer", "build", "reconfigure"]
 
 
 class ActivationServer:
@@ -36,6 +36,12 @@ def build(job: JobSpec) -> ActivationServer:
     return ActivationServer(
         train, make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None
     )
+
+
+def reconfigure(server: ActivationServer, job: JobSpec) -> ActivationServer:
+    """Kept as it is when the job is reconfigured after a fault: a batch depends only on the step and
+    the data, so there is nothing of an interrupted attempt to forget (and no data to read again)."""
+    return server
 
 
 class ActivationServicer:

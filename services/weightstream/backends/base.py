@@ -1,7 +1,8 @@
 """The interface between the coordinator and wherever roles run.
 
 A backend starts every role of a job, reports each one's address once it listens, tells the coordinator
-when a role has died (and how), and stops everything, leaving nothing behind.
+when a role has died (and how), replaces single roles while the others run on (the coordinator's fault
+recovery), and stops everything, leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ class Backend(Protocol):
 
     def failures(self) -> list[str]:
         """One line per role that has exited unexpectedly (empty while all run)."""
+        ...
+
+    def dead(self) -> dict[RoleSpec, str]:
+        """Every role that has exited, been deleted or evicted, or cannot run, with how (the same words
+        as ``failures``); empty while all run and after ``stop``."""
+        ...
+
+    def restart(self, roles: list[RoleSpec]) -> None:
+        """Replace each of ``roles``: kill it if it is still there (a hung role: SIGKILL, or its pod deleted
+        at once), wait until it is gone, and start it again with the job's credential. Returns once they
+        are started; ``wait_ready`` then gives every role's address (a replacement's may be new)."""
         ...
 
     def stop(self) -> None:

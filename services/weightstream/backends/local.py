@@ -38,6 +38,7 @@ class LocalProcessBackend:
         self.run_dir, self.host = run_dir, host
         self.procs: dict[RoleSpec, subprocess.Popen[bytes]] = {}
         self._stopping = False
+        self._credential, self._num_workers = "", 1
         # stop() may come from another thread (a cancel) while start() is still starting roles: the lock
         # makes a role either started before stop() looks, and so stopped, or never started
         self._lock = threading.Lock()
@@ -55,44 +56,63 @@ class LocalProcessBackend:
         """Start every role; each reads ``credential`` from a pipe on its standard input (``--token-file
         -``), so the token is on no command line, in no environment and in no file."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        num_workers = sum(r.kind == "worker" for r in roles)
+        self._credential = credential
+        self._num_workers = sum(r.kind == "worker" for r in roles)
         for role in roles:
-            self._ready_file(role).unlink(missing_ok=True)
-            cmd = [
-                sys.executable,
-                "-m",
-                "weightstream.cli",
-                role.kind,
-                "--host",
-                self.host,
-                "--port",
-                "0",
-                "--ready-file",
-                str(self._ready_file(role)),
-                "--parent-pid",
-                str(os.getpid()),
-                "--token-file",
-                "-",
-            ]
-            with self._lock, open(self.run_dir / f"{role.name}.log", "ab") as log:
-                if self._stopping:
-                    return
-                # own session: a Ctrl-C in the terminal reaches the coordinator, which stops roles in order
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=self._env(role, num_workers),
-                )
-                self.procs[role] = proc
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(credential.encode() + b"\n")
-                proc.stdin.close()
-            except BrokenPipeError:  # the role died at once: failures() reports it with its log
-                pass
+            if not self._spawn(role):
+                return
+
+    def restart(self, roles: list[RoleSpec]) -> None:
+        """Kill each of ``roles`` that still runs (SIGKILL: it may be hung), and start it again."""
+        for role in roles:
+            with self._lock:
+                old = self.procs.get(role)
+            if old is not None and old.poll() is None:
+                old.kill()
+            if old is not None:
+                old.wait(timeout=30)
+            if not self._spawn(role):
+                return
+
+    def _spawn(self, role: RoleSpec) -> bool:
+        """Start ``role``'s process (False: the backend is stopping, nothing was started)."""
+        self._ready_file(role).unlink(missing_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "weightstream.cli",
+            role.kind,
+            "--host",
+            self.host,
+            "--port",
+            "0",
+            "--ready-file",
+            str(self._ready_file(role)),
+            "--parent-pid",
+            str(os.getpid()),
+            "--token-file",
+            "-",
+        ]
+        with self._lock, open(self.run_dir / f"{role.name}.log", "ab") as log:
+            if self._stopping:
+                return False
+            # own session: a Ctrl-C in the terminal reaches the coordinator, which stops roles in order
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self._env(role, self._num_workers),
+            )
+            self.procs[role] = proc
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(self._credential.encode() + b"\n")
+            proc.stdin.close()
+        except BrokenPipeError:  # the role died at once: failures() reports it with its log
+            pass
+        return True
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
         deadline = time.monotonic() + timeout_s
@@ -120,18 +140,21 @@ class LocalProcessBackend:
             out.setdefault(role.kind, []).append(addresses[role])
         return out
 
-    def failures(self) -> list[str]:
+    def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:
-            return []
-        out = []
+            return {}
+        out = {}
         with self._lock:
             procs = list(self.procs.items())
         for role, p in procs:
             rc = p.poll()
             if rc is not None:
                 log = self.run_dir / f"{role.name}.log"
-                out.append(f"{role.name} (pid {p.pid}) {describe_exit(rc)}; its log: {log}")
+                out[role] = f"{role.name} (pid {p.pid}) {describe_exit(rc)}; its log: {log}"
         return out
+
+    def failures(self) -> list[str]:
+        return list(self.dead().values())
 
     def stop(self, grace_s: float = 3.0) -> None:
         with self._lock:

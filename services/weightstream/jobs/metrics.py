@@ -1,15 +1,17 @@
-"""Prometheus metrics of the job service: jobs by status, slots, and each running job's last step."""
+"""Prometheus metrics of the job service: jobs by status, slots, each running job's last step, and role
+replacements by kind (fault recovery)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from weightstream.jobs.service import JobService
 from weightstream.jobs.store import TRANSITIONS
+from weightstream.plan import ROLE_KINDS
 
 __all__ = ["register_metrics"]
 
@@ -20,7 +22,7 @@ class JobsCollector(Collector):
     def __init__(self, service: JobService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         g = GaugeMetricFamily("weightstream_jobs", "jobs by status", labels=["status"])
         counts = dict.fromkeys(TRANSITIONS, 0)
         for job in self.service.store.list():
@@ -41,6 +43,22 @@ class JobsCollector(Collector):
                 tps.add_metric([job.id], d["tokens_per_second"])
                 step_time.add_metric([job.id], d["step_time_s"])
         yield from (steps, tps, step_time)
+        yield self._restarts()
+
+    def _restarts(self) -> CounterMetricFamily:
+        """Counted from the stored restart events, not in memory: the counter survives a service restart
+        (it only grows, as the events are never deleted) and a crash loses none. Every kind is present,
+        0 included, so that an alert on ``increase(...)`` has a series before the first fault."""
+        counts: dict[str, int] = dict.fromkeys(ROLE_KINDS, 0)
+        counts.update(self.service.store.role_restarts())
+        restarts = CounterMetricFamily(
+            "weightstream_role_restarts",  # exposed with the counter's suffix: ..._total
+            "roles replaced by fault recovery, over every job, by role kind",
+            labels=["kind"],
+        )
+        for kind, n in counts.items():
+            restarts.add_metric([kind], n)
+        return restarts
 
 
 def register_metrics(registry: CollectorRegistry, service: JobService) -> None:

@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq);
+-- only restart events (a few per job, against one per step): /metrics counts them at every scrape
+CREATE INDEX IF NOT EXISTS events_restart ON events (job_id) WHERE kind = 'restart';
 """
 
 
@@ -241,6 +243,21 @@ class JobStore:
                 (job_id, kind),
             ).fetchone()
         return _row_event(row) if row else None
+
+    def role_restarts(self, job_id: str | None = None) -> dict[str, int]:
+        """Role replacements of job ``job_id`` (of every job ever run when None), by role kind
+        (``worker``, ``memoryx``, ...), from the stored "restart" events: one grouped query over the
+        partial index ``events_restart``, so it costs the number of restarts, not of events, and counts
+        the same after a service restart."""
+        where, args = (
+            ("kind = 'restart'", ()) if job_id is None else ("kind = 'restart' AND job_id = ?", (job_id,))
+        )
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT json_extract(data, '$.role_kind'), COUNT(*) FROM events WHERE {where} GROUP BY 1",
+                args,
+            ).fetchall()
+        return {str(kind): n for kind, n in rows if kind is not None}
 
     def events(self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None) -> list[Event]:
         self.get(job_id)

@@ -15,6 +15,7 @@ from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost
+from weightstream.transport.fencing import generation_of
 from weightstream.transport.rpc import (
     abort_on_error,
     add_service,
@@ -25,7 +26,7 @@ from weightstream.transport.rpc import (
 )
 from weightstream.transport.tensors import tensor_messages
 
-__all__ = ["MemoryXServicer", "add_servicer", "build"]
+__all__ = ["MemoryXServicer", "add_servicer", "build", "reconfigure"]
 
 log = logging.getLogger("weightstream.memoryx")
 
@@ -44,7 +45,18 @@ def build(job: JobSpec) -> MemoryXShard:
         params.runconfig.seed,
         params.runconfig.rpc_timeout_s,
         resume,
+        generation=job.generation,
     )
+
+
+def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
+    """After a fault elsewhere, a surviving shard keeps its weights and state (``job.keep_state``) and only
+    forgets the interrupted step; otherwise (a MemoryX shard was lost, so all roll back together) it is
+    built again from ``job.resume_dir``, the coordinator's recovery point."""
+    if not job.keep_state:
+        return None
+    shard.reset(job.generation)
+    return shard
 
 
 def checkpoint_files(job: JobSpec, request: pb.CheckpointRequest) -> tuple[Path, Path]:
@@ -80,11 +92,15 @@ class MemoryXServicer:
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
-        return receive_tensors(context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g))
+        gen = generation_of(context.invocation_metadata())
+        return receive_tensors(
+            context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g, gen)
+        )
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:
         try:
-            return pb.NormReply(sq_sum=self._shard(context).grad_sq_sum(request.step))
+            gen = generation_of(context.invocation_metadata())
+            return pb.NormReply(sq_sum=self._shard(context).grad_sq_sum(request.step, gen))
         except Exception as e:
             abort_on_error(context, e)
             raise
@@ -92,7 +108,10 @@ class MemoryXServicer:
     def ApplyUpdate(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> pb.Ack:
         try:
             applied = self._shard(context).apply_update(
-                request.step, request.learning_rate, request.clip_coef
+                request.step,
+                request.learning_rate,
+                request.clip_coef,
+                generation_of(context.invocation_metadata()),
             )
         except Exception as e:
             abort_on_error(context, e)

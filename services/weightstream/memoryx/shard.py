@@ -6,6 +6,10 @@ Step protocol (the coordinator drives it, each call with a deadline):
   grad_sq_sum(step)       waits until every expected gradient is in, sums them in unit order (so the
                           result is the same whatever order they arrived in), returns the sum of squares
   apply_update(step, ..)  clip, optimizer step; idempotent: a repeated call for an applied step is a no-op
+
+Fault recovery: ``reset(generation)`` keeps the weights and optimizer state and drops the gradients of an
+interrupted step; from then on gradients, norms and updates of any other generation are refused (checked
+under the shard's lock, so a push of the old attempt can never land after the reset).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from weightstream.memoryx.storage import load_tensors
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import grad_sq_sum, init_state, optimizer_step, state_names
+from weightstream.transport.fencing import check_generation
 
 __all__ = ["MemoryXShard", "StaleStepError"]
 
@@ -40,6 +45,7 @@ class MemoryXShard:
         timeout_s: float,
         resume_dir: str | None = None,
         storage_dir: Path | None = None,
+        generation: int = 0,
     ) -> None:
         """``storage_dir``: keep weights and optimizer state in memory-mapped files there instead of RAM,
         so a shard can hold more than the machine's memory (the page cache keeps the hot part)."""
@@ -52,6 +58,7 @@ class MemoryXShard:
             n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names
         }
         self.step = 0
+        self.generation = generation
         if resume_dir is None:
             self.weights = {
                 n: self._place(f"{n}.weight", init_tensor(model.specs[n], seed)) for n in self.names
@@ -83,6 +90,15 @@ class MemoryXShard:
         mm = np.memmap(self.storage_dir / f"{key}.f32", dtype=np.float32, mode="w+", shape=value.shape)
         mm[...] = value
         return mm
+
+    def reset(self, generation: int) -> None:
+        """Forget the gradients of the step in progress and accept only calls of ``generation`` from now
+        on: the coordinator re-runs that step after a fault elsewhere. Weights and state stay."""
+        with self._cond:
+            self.generation = generation
+            self._pending = {n: {} for n in self.names}
+            self._grads = None
+            self._cond.notify_all()  # waiters of the old generation wake up and give up
 
     def close(self) -> None:
         """Disk mode: the files are scratch (checkpoints are the durable copy); remove them."""
@@ -116,8 +132,11 @@ class MemoryXShard:
             return {n: self._crcs[n] for n in names}
 
     # -- gradients in --------------------------------------------------------------------------------------
-    def add_gradient(self, step: int, unit: int, grads: Mapping[str, np.ndarray]) -> None:
+    def add_gradient(
+        self, step: int, unit: int, grads: Mapping[str, np.ndarray], generation: int = 0
+    ) -> None:
         with self._cond:
+            check_generation(generation, self.generation, f"gradient of unit {unit} for step {step}")
             if step != self.step:
                 raise StaleStepError(f"gradient of step {step} for unit {unit}, shard is at step {self.step}")
             for name, g in grads.items():
@@ -137,12 +156,17 @@ class MemoryXShard:
     def _complete(self) -> bool:
         return all(len(self._pending[n]) == len(self.users[n]) for n in self.names)
 
-    def grad_sq_sum(self, step: int) -> float:
+    def grad_sq_sum(self, step: int, generation: int = 0) -> float:
         with self._cond:
+            check_generation(generation, self.generation, f"norm of step {step}")
             if step != self.step:
                 raise StaleStepError(f"norm of step {step} requested, shard is at step {self.step}")
             if self._grads is None:
-                if not self._cond.wait_for(self._complete, timeout=self.timeout_s):
+                done = self._cond.wait_for(
+                    lambda: self.generation != generation or self._complete(), timeout=self.timeout_s
+                )
+                check_generation(generation, self.generation, f"norm of step {step}")
+                if not done:
                     missing = {
                         n: sorted(set(self.users[n]) - set(self._pending[n]))
                         for n in self.names
@@ -162,11 +186,12 @@ class MemoryXShard:
                 self._grads = grads
             return sum(grad_sq_sum(g) for g in self._grads.values())
 
-    def apply_update(self, step: int, lr: float, clip_coef: float) -> bool:
+    def apply_update(self, step: int, lr: float, clip_coef: float, generation: int = 0) -> bool:
         """Apply the optimizer for ``step``. Returns False if it was applied already."""
         if step == self.step:
-            self.grad_sq_sum(step)  # waits until every gradient is in, and sums them
+            self.grad_sq_sum(step, generation)  # waits until every gradient is in, and sums them
         with self._cond:
+            check_generation(generation, self.generation, f"update of step {step}")
             if step < self.step:
                 return False
             if step > self.step or self._grads is None:

@@ -171,6 +171,11 @@ class RunConfig(_Section):
     execution_mode: Literal["weight_streaming", "pipelined", "auto"] = "weight_streaming"
     memoryx_storage: Literal["memory", "disk"] = "memory"  # disk: memory-mapped files under model_dir
     rpc_timeout_s: PositiveFloat = 120.0  # deadline of every call and every wait between roles
+    # fault recovery: how many role replacements a job may need in all before it fails, and how often the
+    # MemoryX shards save a recovery snapshot (a lost shard rolls the job back to the newest snapshot or
+    # checkpoint and replays the steps since; 0: checkpoints only)
+    max_role_restarts: NonNegativeInt = 50
+    recovery_snapshot_steps: NonNegativeInt = 10
 
 
 class Params(_Section):

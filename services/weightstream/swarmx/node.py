@@ -55,10 +55,27 @@ class SwarmNodeLogic:
         self._flights: dict[tuple[int, int, int], _Flight] = {}
         self._grads: dict[tuple[int, int], list[Mapping[str, np.ndarray] | None]] = {}
         self.fetches_upstream = 0  # how many units this node pulled from upstream (broadcast accounting)
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop (the job was reconfigured after a fault): children waiting for a unit are released with an
+        error at once, and the gradients held so far are dropped."""
+        with self._lock:
+            self._closed = True
+            flights, self._flights, self._grads = list(self._flights.values()), {}, {}
+        for flight in flights:
+            if not flight.done.is_set():
+                flight.error = RuntimeError("this SwarmX node was reconfigured: the step is abandoned")
+                flight.done.set()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this SwarmX node was reconfigured: the step is abandoned")
 
     def get_unit(self, step: int, unit: int, pass_: int) -> Unit:
         key = (step, unit, pass_)
         with self._lock:
+            self._check_open()
             flight = self._flights.get(key)
             leader = flight is None
             if flight is None:
@@ -90,6 +107,7 @@ class SwarmNodeLogic:
             raise ValueError(f"child index {child} out of range 0..{self.num_children - 1}")
         key = (step, unit)
         with self._lock:
+            self._check_open()
             slots = self._grads.setdefault(key, [None] * self.num_children)
             if slots[child] is not None:
                 raise ValueError(f"child {child} pushed unit {unit} of step {step} twice")

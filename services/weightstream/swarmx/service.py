@@ -34,11 +34,18 @@ class MemoryXUpstream:
     """The root's upstream: each tensor from (and each gradient to) the shard that owns it."""
 
     def __init__(
-        self, model: ModelDef, plan: Plan, addresses: list[str], timeout_s: float, bf16: bool, token: str
+        self,
+        model: ModelDef,
+        plan: Plan,
+        addresses: list[str],
+        timeout_s: float,
+        bf16: bool,
+        token: str,
+        generation: int,
     ) -> None:
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.addresses = addresses
-        channels = [open_channel(a, token) for a in addresses]
+        channels = [open_channel(a, token, generation) for a in addresses]
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
         ]
@@ -88,8 +95,10 @@ class MemoryXUpstream:
 class ParentUpstream:
     """An inner node's upstream: its parent SwarmX node, where this node is child ``slot``."""
 
-    def __init__(self, address: str, slot: int, timeout_s: float, bf16: bool, name: str, token: str) -> None:
-        channel = open_channel(address, token)
+    def __init__(
+        self, address: str, slot: int, timeout_s: float, bf16: bool, name: str, token: str, generation: int
+    ) -> None:
+        channel = open_channel(address, token, generation)
         self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self.push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
@@ -118,7 +127,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     timeout, bf16 = params.runconfig.rpc_timeout_s, params.model.fp16_type == "bfloat16"
     if node.parent is None:
         upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
-            model_def(params), plan, job.addresses["memoryx"], timeout, bf16, job.credential
+            model_def(params), plan, job.addresses["memoryx"], timeout, bf16, job.credential, job.generation
         )
     else:
         upstream = ParentUpstream(
@@ -128,6 +137,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             bf16,
             f"swarmx-{node.parent}",
             job.credential,
+            job.generation,
         )
     return SwarmNodeLogic(len(node.children), upstream, timeout)
 

@@ -23,13 +23,21 @@ from weightstream.checkpoint_layout import (
     checkpoint_dir,
     complete_checkpoints,
     partial_dir_path,
+    recovery_snapshots,
     shard_file_name,
 )
 from weightstream.params import Params
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
 
-__all__ = ["finish_checkpoint", "hf_config", "partial_dir", "prune_checkpoints"]
+__all__ = [
+    "finish_checkpoint",
+    "hf_config",
+    "partial_dir",
+    "prune_checkpoints",
+    "remove_recovery_snapshots",
+    "trim_metrics",
+]
 
 _DELETING = re.compile(r"^\.checkpoint_\d+\.deleting$")
 
@@ -78,8 +86,10 @@ def finish_checkpoint(
     params: Params,
     shard_names: list[dict[str, list[str]]],
     trainer_state: dict[str, Any],
+    final: Path | None = None,
 ) -> Path:
-    """Write index, config and trainer state into ``tmp`` and rename it to ``checkpoint_<step>``.
+    """Write index, config and trainer state into ``tmp`` and rename it to ``final`` (by default
+    ``checkpoint_<step>``; a recovery snapshot goes to ``.recovery_<step>``, without config.json).
     ``shard_names[i]`` maps "model" and "optimizer" to the tensor names shard i wrote."""
     k = len(shard_names)
     if k > 1:
@@ -90,10 +100,11 @@ def finish_checkpoint(
             size = sum((tmp / shard_file_name(prefix, i, k)).stat().st_size for i in range(k))
             index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
             write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
-    write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
+    if final is None:
+        write_text_durably(tmp / "config.json", json.dumps(hf_config(params), indent=2))
     # written last, and like every durable write it fsyncs its directory: tmp's entries are all on disk
     write_text_durably(tmp / TRAINER_STATE, json.dumps({"global_step": step, **trainer_state}, indent=2))
-    final = checkpoint_dir(model_dir, step)
+    final = final or checkpoint_dir(model_dir, step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -125,3 +136,32 @@ def prune_checkpoints(
         if log is not None:
             log.info("removed checkpoint %s (runconfig.keep_checkpoint_max %d)", d, keep_max)
     return removed
+
+
+def remove_recovery_snapshots(model_dir: Path, keep: Path | None = None) -> None:
+    """Delete the recovery snapshots in ``model_dir`` but ``keep``: they are scratch, for the run that
+    wrote them (a new run resumes from checkpoints only)."""
+    for _, d in recovery_snapshots(model_dir):
+        if d != keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def trim_metrics(path: Path, step: int) -> int:
+    """Drop the records of steps after ``step`` from ``metrics.jsonl`` (a run resuming from checkpoint
+    ``step`` does those steps again, and logs them again). Returns how many records were dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            record_step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            record_step = 0  # a torn last line of a crash: keep it out only if it is past the step
+            if not line.endswith("\n"):
+                continue
+        if record_step <= step:
+            kept.append(line)
+    if len(kept) != len(lines):
+        write_text_durably(path, "".join(kept))
+    return len(lines) - len(kept)

@@ -4,7 +4,7 @@ job's state and an exit code."""
 
 from __future__ import annotations
 
-__all__ = ["JobCancelled", "JobFailed", "TrainingDiverged"]
+__all__ = ["JobCancelled", "JobFailed", "RoleFault", "TrainingDiverged"]
 
 
 class JobFailed(RuntimeError):
@@ -17,3 +17,9 @@ class JobCancelled(RuntimeError):
 
 class TrainingDiverged(JobFailed):
     """The loss or the gradient norm of a step is NaN or infinite."""
+
+
+class RoleFault(JobFailed):
+    """A call to a role failed, timed out, or a role died while a step, an evaluation or a checkpoint
+    was in progress. The runner recovers from it (``training.recovery``); it fails the job only where
+    recovery is not possible."""

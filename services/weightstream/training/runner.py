@@ -1,9 +1,12 @@
-"""Run one job: plan it, start its roles through a backend, drive the steps, evaluate, checkpoint.
+"""Run one job: plan it, start its roles through a backend, drive the steps, evaluate, checkpoint, and
+recover from the loss of any role on the way (``training.recovery``).
 
-Step s, as the coordinator drives it (every call has a deadline; a dead role fails the job at once):
+Step s, as the coordinator drives it (every call has a deadline; a dead or hung role is replaced):
   1. RunStep(s) on every worker (they pull weights through SwarmX and push gradients back)
   2. GradNormSq(s) on every MemoryX shard (each waits until its gradients are complete)
   3. ApplyUpdate(s, lr, clip coefficient) on every shard: the step is applied exactly once
+A step interrupted by a fault is run again under a new generation; its first attempt's gradients are
+refused wherever they still arrive, so each step is applied exactly once whatever happens.
 """
 
 from __future__ import annotations
@@ -13,31 +16,35 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
-from weightstream.checkpoint_layout import last_checkpoint, shard_file_name
+from weightstream.checkpoint_layout import last_checkpoint, recovery_dir, shard_file_name
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
-from weightstream.plan import ROLE_KINDS, JobSpec, make_plan
+from weightstream.plan import make_plan
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.training.cadence import Cadence
-from weightstream.training.checkpoints import finish_checkpoint, partial_dir, prune_checkpoints
+from weightstream.training.checkpoints import (
+    finish_checkpoint,
+    partial_dir,
+    prune_checkpoints,
+    remove_recovery_snapshots,
+    trim_metrics,
+)
 from weightstream.training.divergence import check_finite
-from weightstream.training.errors import JobCancelled, JobFailed
+from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
+from weightstream.training.recovery import Recovery, RestartBudget
+from weightstream.training.roles import RolePlane
 from weightstream.transport.auth import new_role_token
-from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
 
 log = logging.getLogger("weightstream.training")
-T = TypeVar("T")
 Event = dict[str, Any]
 
 
@@ -66,6 +73,7 @@ class RunSummary:
     last_eval_loss: float | None
     checkpoint: Path | None
     wall_s: float
+    restarts: int = 0
 
 
 class JobRunner:
@@ -88,11 +96,10 @@ class JobRunner:
         self.opt = optimizer_config(params.optimizer)
         self.plan = make_plan(params, self.model)
         self.model_dir = Path(self.rc.model_dir)
-        self._pool = ThreadPoolExecutor(
-            max(8, 2 * self.rc.num_csx + self.rc.num_wgt_servers), thread_name_prefix="coord"
-        )
+        self.cadence = Cadence.of(params)
         self._cancelled = threading.Event()
         self.log = log.getChild(job_id)  # one logger per job: a service runs several at once
+        self.budget = RestartBudget(self.rc.max_role_restarts)
 
     def cancel(self) -> None:
         """Stop the job from another thread: its roles are stopped at once, ``run`` raises JobCancelled."""
@@ -104,63 +111,51 @@ class JobRunner:
         the checkpoints written so far stay for a resume."""
         self.backend.stop()
 
-    # -- plumbing ------------------------------------------------------------------------------------------
     def _emit(self, kind: str, **data: Any) -> None:
         self.on_event({"event": kind, **data})
-
-    def _all(self, kind: str, fn: Callable[[int], T], timeout_s: float) -> list[T]:
-        """Run ``fn(i)`` for every role of ``kind`` concurrently; fail fast if any role dies meanwhile."""
-        futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(self.plan.counts()[kind])]
-        deadline = time.monotonic() + timeout_s
-        pending: set[Future[T]] = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-            for f in done:
-                if f.exception() is not None:
-                    self._check_roles(grace_s=1.0)  # a dead role explains a failed call better than the call
-                    raise JobFailed(str(f.exception())) from f.exception()
-            self._check_roles()
-            if time.monotonic() > deadline:
-                raise JobFailed(f"{kind}s did not answer within {timeout_s:.0f}s")
-        return [f.result() for f in futures]
-
-    def _check_roles(self, grace_s: float = 0.0) -> None:
-        """Fail the job if a role has died. ``grace_s``: after a failed call, the peer's exit may reach
-        us a moment after its closed connection does, so look again for that long."""
-        deadline = time.monotonic() + grace_s
-        while True:
-            dead = self.backend.failures()
-            if dead:
-                raise JobFailed("role died: " + "; ".join(dead))
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.05)
 
     # -- the job -------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         t0 = time.monotonic()
         self.model_dir.mkdir(parents=True, exist_ok=True)
         write_text_durably(self.model_dir / "params.yaml", dump_params(self.params))
+        remove_recovery_snapshots(self.model_dir)  # an earlier run's scratch
         resume = last_checkpoint(self.model_dir) if self.rc.autoload_last_checkpoint else None
         start_step = resume[0] if resume else 0
         if resume:
             self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
+            trim_metrics(self.model_dir / "metrics.jsonl", start_step)  # the steps after it run again
         roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
         self._emit("status", status="starting", roles=self.plan.counts())
         # a new role credential for every start: roles of an earlier run of this job cannot join this one
-        self.credential = new_role_token()
+        self.credential = credential = new_role_token()
+        self.roles = RolePlane(
+            self.backend,
+            self.plan,
+            self.params.model_dump(mode="json"),
+            self.job_id,
+            credential,
+            self.rc.rpc_timeout_s,
+        )
+        self.recovery_point: tuple[int, Path | None] = (start_step, resume[1] if resume else None)
+        self.recovery = Recovery(
+            self.backend,
+            self.plan,
+            self.roles,
+            self.budget,
+            self.log,
+            self._emit,
+            self._cancelled,
+            self._wait_ready,
+            self.rc.rpc_timeout_s,
+        )
         try:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled before it started")
-            self.backend.start(roles, self.credential)
-            try:
-                self.addresses = self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
-            except BackendError as e:
-                if self._cancelled.is_set():
-                    raise JobCancelled("cancelled while starting") from e
-                raise JobFailed(str(e)) from e
-            self._configure(str(resume[1]) if resume else None)
+            self.backend.start(roles, credential)
+            self.roles.configure(self._wait_ready(), str(resume[1]) if resume else None)
+            self._emit("status", status="running", addresses=self.roles.addresses)
             return self._train(start_step, t0)
         except JobFailed as e:
             if self._cancelled.is_set():
@@ -168,99 +163,138 @@ class JobRunner:
             raise
         finally:
             self.backend.stop()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.roles.close()
+            remove_recovery_snapshots(self.model_dir)
 
-    def _configure(self, resume_dir: str | None) -> None:
-        params = self.params.model_dump(mode="json")
-        for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
-            controls = [rpc.ControlStub(open_channel(a, self.credential)) for a in self.addresses[kind]]
-
-            def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
-                job = JobSpec(params, self.plan.to_dict(), self.addresses, kind, i, resume_dir, self.job_id)
-                call(
-                    f"{kind}-{i}",
-                    "Configure",
-                    controls[i].Configure,
-                    pb.ConfigureRequest(job_json=job.to_json()),
-                    timeout=self.rc.rpc_timeout_s,
-                )
-
-            self._all(kind, configure, self.rc.rpc_timeout_s)
-        self.workers = [rpc.WorkerStub(open_channel(a, self.credential)) for a in self.addresses["worker"]]
-        self.shards = [rpc.MemoryXStub(open_channel(a, self.credential)) for a in self.addresses["memoryx"]]
-        self._emit("status", status="running", addresses=self.addresses)
-
-    def _rpc_all(self, kind: str, method: str, request: Any) -> list[Any]:
-        """Call ``method`` on every worker or MemoryX shard at once (``request`` may be a function of the
-        index), each call with the job's deadline."""
-        stubs = self.workers if kind == "worker" else self.shards
-        timeout = self.rc.rpc_timeout_s
-
-        def one(i: int) -> Any:
-            req = request(i) if callable(request) else request
-            return call(f"{kind}-{i}", method, getattr(stubs[i], method), req, timeout=timeout)
-
-        return self._all(kind, one, timeout)
+    def _wait_ready(self) -> dict[str, list[str]]:
+        try:
+            return self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
+        except BackendError as e:
+            if self._cancelled.is_set():
+                raise JobCancelled("cancelled while starting") from e
+            raise JobFailed(str(e)) from e
 
     def _step(self, step: int) -> dict[str, Any]:
-        """Train step ``step`` (0-based); returns its metrics record."""
+        """Train step ``step`` (0-based) up to the update; returns its metrics record."""
         t0 = time.monotonic()
-        replies = self._rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
-        sq = [r.sq_sum for r in self._rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
+        replies = self.roles.rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
+        sq = [r.sq_sum for r in self.roles.rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
         loss = sum(r.loss for r in replies)
         check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
         lr = self.opt.learning_rate(step)
-        self._rpc_all("memoryx", "ApplyUpdate", pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef))
-        return {
+        record = {
             "step": step + 1,
             "loss": loss,
             "learning_rate": lr,
             "grad_norm": norm,
             "tokens": sum(r.tokens for r in replies),
-            "step_time_s": time.monotonic() - t0,
+            "step_time_s": 0.0,
             "worker_wait_s": max(r.wait_s for r in replies),
             "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
         }
+        self._applying = (step, record)
+        # only the shards take part from here: a worker lost now is replaced before the next step
+        update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
+        self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
+        record["step_time_s"] = time.monotonic() - t0
+        return record
 
     def _train(self, start_step: int, t0: float) -> RunSummary:
-        rc, cadence = self.rc, Cadence.of(self.params)
-        loss = eval_loss = None
-        checkpoint: Path | None = None
-        tokens_total, t_train = 0, time.monotonic()
-        with (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as metrics:
-            for step in range(start_step, rc.max_steps):
+        rc = self.rc
+        self.at = self.done = start_step  # steps the shards hold; steps committed (logged) by this run
+        self.losses: dict[int, float] = {}  # loss of each step since the recovery point, to check replays
+        self._post: list[str] = []  # what is still to do after step ``done``: eval, checkpoint, snapshot
+        self._applying: tuple[int, dict[str, Any]] | None = None
+        self.last_loss = self.eval_loss = None
+        self.checkpoint: Path | None = None
+        self.tokens_total, self.t_train = 0, time.monotonic()
+        with (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as self.metrics:
+            while self.at < self.done or self._post or self.done < rc.max_steps:
                 if self._cancelled.is_set():
-                    raise JobCancelled(f"cancelled before step {step + 1}")
-                self._check_time_limit(step, t0)
-                record = self._step(step)
-                done, loss = record["step"], record["loss"]
-                tokens_total += record.pop("tokens")
-                record["tokens_per_second"] = tokens_total / (time.monotonic() - t_train)
-                self._emit("step", **record, max_steps=rc.max_steps)
-                if cadence.log(done):
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
-                    self.log.info(
-                        "step %d loss %.5f lr %.3g |g| %.4f",
-                        done,
-                        loss,
-                        record["learning_rate"],
-                        record["grad_norm"],
-                    )
-                if cadence.evaluate(done):
-                    eval_loss = self._evaluate(done)
-                    metrics.write(json.dumps({"step": done, "eval_loss": eval_loss}) + "\n")
-                    metrics.flush()
-                if cadence.checkpoint(done):
-                    checkpoint = self._checkpoint(done)
+                    raise JobCancelled(f"cancelled before step {self.done + 1}")
+                try:
+                    if self.at < self.done:  # after a rollback: replay, checking each loss
+                        self._replay(self._step(self.at))
+                    elif self._post:
+                        self._post_step(self._post[0])
+                        self._post.pop(0)
+                    else:
+                        self._check_time_limit(self.done, t0)
+                        self._commit(self._step(self.done))
+                except RoleFault as e:
+                    self._recover(e)
         if start_step >= rc.max_steps:
             found = last_checkpoint(self.model_dir)
-            checkpoint = found[1] if found else None
+            self.checkpoint = found[1] if found else None
         steps_run = max(0, rc.max_steps - start_step)
         return RunSummary(
-            steps_run, start_step, rc.max_steps, loss, eval_loss, checkpoint, time.monotonic() - t0
+            steps_run,
+            start_step,
+            rc.max_steps,
+            self.last_loss,
+            self.eval_loss,
+            self.checkpoint,
+            time.monotonic() - t0,
+            self.budget.restarts,
         )
+
+    def _commit(self, record: dict[str, Any]) -> None:
+        """Step ``record['step']`` is applied on every shard: log it, and queue what follows it."""
+        self._applying = None
+        self.at = self.done = done = record["step"]
+        self.budget.step_completed()
+        self.losses[done - 1] = self.last_loss = record["loss"]
+        self.tokens_total += record.pop("tokens")
+        record["tokens_per_second"] = self.tokens_total / (time.monotonic() - self.t_train)
+        self._emit("step", **record, max_steps=self.rc.max_steps)
+        if self.cadence.log(done):
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+            self.log.info(
+                "step %d loss %.5f lr %.3g |g| %.4f",
+                done,
+                record["loss"],
+                record["learning_rate"],
+                record["grad_norm"],
+            )
+        every = self.rc.recovery_snapshot_steps
+        self._post = [
+            *(["eval"] if self.cadence.evaluate(done) else []),
+            *(["checkpoint"] if self.cadence.checkpoint(done) else []),
+            *(["snapshot"] if every and done % every == 0 and not self.cadence.checkpoint(done) else []),
+        ]
+
+    def _replay(self, record: dict[str, Any]) -> None:
+        step = record["step"] - 1
+        self._applying = None
+        self.at = step + 1
+        self.budget.step_completed()
+        first = self.losses.get(step)
+        if first is not None and record["loss"] != first:
+            raise JobFailed(
+                f"step {step + 1} replayed after a fault gave loss {record['loss']!r}, its first run "
+                f"{first!r}: training is not deterministic here, so the job cannot recover exactly"
+            )
+        if self.at == self.done:
+            self.log.info("replayed to step %d; training goes on", self.done)
+
+    def _post_step(self, action: str) -> None:
+        done = self.done
+        if action == "eval":
+            self.eval_loss = self._evaluate(done)
+            self.metrics.write(json.dumps({"step": done, "eval_loss": self.eval_loss}) + "\n")
+            self.metrics.flush()
+        elif action == "checkpoint":
+            self.checkpoint = self._save(done, snapshot=False)
+            self.recovery_point = (done, self.checkpoint)
+            remove_recovery_snapshots(self.model_dir)
+        else:
+            path = self._save(done, snapshot=True)
+            self.recovery_point = (done, path)
+            remove_recovery_snapshots(self.model_dir, keep=path)
+        if action != "eval":
+            self.losses = {s: v for s, v in self.losses.items() if s >= done}
 
     def _check_time_limit(self, done: int, t0: float) -> None:
         """Fail the job once its wall-clock limit is spent (``t0``: when this run began, monotonic)."""
@@ -273,15 +307,15 @@ class JobRunner:
 
     def _evaluate(self, step: int) -> float:
         n = self.rc.eval_steps
-        eval_loss = (
-            sum(r.loss for r in self._rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))) / n
-        )
+        replies = self.roles.rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))
+        eval_loss = sum(r.loss for r in replies) / n
         check_finite(step, eval_loss=eval_loss)
         self.log.info("step %d eval_loss %.5f", step, eval_loss)
         self._emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss
 
-    def _checkpoint(self, step: int) -> Path:
+    def _save(self, step: int, snapshot: bool) -> Path:
+        """A checkpoint of ``step``, or a recovery snapshot (the same files, kept while the run lasts)."""
         tmp = partial_dir(self.model_dir, step)
         k = self.rc.num_wgt_servers
 
@@ -293,7 +327,7 @@ class JobRunner:
                 optimizer_file=shard_file_name("optimizer", i, k),
             )
 
-        replies = self._rpc_all("memoryx", "SaveCheckpoint", request)
+        replies = self.roles.rpc_all("memoryx", "SaveCheckpoint", request)
         names = [{"model": list(r.tensor_names), "optimizer": list(r.state_names)} for r in replies]
         state = {
             "num_csx": self.rc.num_csx,
@@ -302,8 +336,24 @@ class JobRunner:
             "optimizer_type": self.opt.kind,
             "weightstream_format": 1,
         }
-        path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state)
+        final = recovery_dir(self.model_dir, step) if snapshot else None
+        path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state, final)
+        if snapshot:
+            self.log.info("recovery snapshot %s", path)
+            return path
         self.log.info("checkpoint %s", path)
         prune_checkpoints(self.model_dir, self.rc.keep_checkpoint_max, path, self.log)
         self._emit("checkpoint", step=step, path=str(path))
         return path
+
+    # -- recovery ------------------------------------------------------------------------------------------
+    def _recover(self, fault: RoleFault) -> None:
+        """Replace what ``fault`` cost and bring the shards to an agreed step (``training.recovery``)."""
+        applying, self._applying = self._applying, None
+        at = self.recovery.recover(
+            fault, self.at, self.done, applying[0] if applying else None, self.recovery_point
+        )
+        if applying is not None and at == self.at + 1:  # the update had landed on every shard
+            (self._replay if self.at < self.done else self._commit)(applying[1])
+        else:
+            self.at = at

@@ -113,13 +113,14 @@ class TokenMetadata(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the job's token to every call made on a channel (``transport.rpc.open_channel``)."""
+    """Adds the job's token (and any ``extra`` pairs: the generation) to every call made on a channel
+    (``transport.rpc.open_channel``)."""
 
-    def __init__(self, token: str) -> None:
-        self._pair = (TOKEN_METADATA, token)
+    def __init__(self, token: str, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        self._pairs = [(TOKEN_METADATA, token), *extra]
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return _ClientCallDetails(details, [*(details.metadata or ()), self._pair])
+        return _ClientCallDetails(details, [*(details.metadata or ()), *self._pairs])
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)

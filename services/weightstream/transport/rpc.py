@@ -12,6 +12,7 @@ import numpy as np
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
+from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
 from weightstream.transport.tensors import read_messages
 
 __all__ = [
@@ -61,9 +62,13 @@ def create_server(
     return server, port
 
 
-def open_channel(address: str, token: str) -> grpc.Channel:
-    """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``)."""
-    return grpc.intercept_channel(grpc.insecure_channel(address, options=OPTIONS), TokenMetadata(token))
+def open_channel(address: str, token: str, generation: int = 0) -> grpc.Channel:
+    """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``) and the
+    ``generation`` of the configuration that opened it (see ``transport.fencing``)."""
+    extra = ((GENERATION_METADATA, str(generation)),)
+    return grpc.intercept_channel(
+        grpc.insecure_channel(address, options=OPTIONS), TokenMetadata(token, extra)
+    )
 
 
 def call(peer: str, name: str, fn: Callable[..., T], *args: Any, timeout: float, **kw: Any) -> T:
@@ -88,6 +93,8 @@ def stream(peer: str, name: str, it: Iterator[T]) -> Iterator[T]:
 
 def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
     """Map our exceptions to gRPC status codes (never returns)."""
+    if isinstance(exc, StaleGenerationError):
+        context.abort(grpc.StatusCode.ABORTED, str(exc))
     if isinstance(exc, ChecksumError):
         context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
     if isinstance(exc, PermissionError):

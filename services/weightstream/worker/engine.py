@@ -86,10 +86,18 @@ class WorkerEngine:
         self.weight_bytes = sum(unit_bytes) if pipelined else 2 * max(unit_bytes)
         self._fetch = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-prefetch")
         self._push = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-push")
+        self._closed = False
 
     def close(self) -> None:
+        """Stop: a step still running (of a configuration the coordinator has replaced after a fault)
+        gives up at its next unit instead of computing on."""
+        self._closed = True
         self._fetch.shutdown(wait=False, cancel_futures=True)
         self._push.shutdown(wait=False, cancel_futures=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"worker {self.index} was reconfigured: this step's attempt is abandoned")
 
     def _stream(
         self, step: int, order: list[int], phase: int, clock: list[float]
@@ -98,6 +106,7 @@ class WorkerEngine:
         nxt: Future[Tensors] | None = self._fetch.submit(self.units.get_unit, step, order[0], phase)
         for i, u in enumerate(order):
             assert nxt is not None
+            self._check_open()
             t0 = time.perf_counter()
             params = nxt.result()
             clock[0] += time.perf_counter() - t0

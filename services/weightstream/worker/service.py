@@ -33,8 +33,10 @@ log = logging.getLogger("weightstream.worker")
 class SwarmParent:
     """Weights from, and gradients to, this worker's SwarmX node (where it is child ``slot``)."""
 
-    def __init__(self, address: str, name: str, slot: int, timeout_s: float, bf16: bool, token: str) -> None:
-        channel = open_channel(address, token)
+    def __init__(
+        self, address: str, name: str, slot: int, timeout_s: float, bf16: bool, token: str, generation: int
+    ) -> None:
+        channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
@@ -52,8 +54,8 @@ class SwarmParent:
 
 
 class ActivationClient:
-    def __init__(self, address: str, name: str, timeout_s: float, token: str) -> None:
-        channel = open_channel(address, token)
+    def __init__(self, address: str, name: str, timeout_s: float, token: str, generation: int) -> None:
+        channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "Activation", "GetBatch", pb.BatchRequest)
         self.peer, self.timeout_s = f"{name} ({address})", timeout_s
 
@@ -77,10 +79,10 @@ def build(job: JobSpec) -> WorkerEngine:
         rc.rpc_timeout_s,
         params.model.fp16_type == "bfloat16",
         job.credential,
+        job.generation,
     )
-    batches = ActivationClient(
-        job.addresses["activation"][act], f"activation-{act}", rc.rpc_timeout_s, job.credential
-    )
+    address, name = job.addresses["activation"][act], f"activation-{act}"
+    batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)
     model = model_def(params)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     micro, pipelined = plan_memory(params, model, plan.num_csx, budget)

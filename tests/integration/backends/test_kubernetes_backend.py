@@ -166,6 +166,24 @@ def test_the_coordinators_namespace_is_read_from_its_service_account(tmp_path: P
             },
             "Unschedulable",
         ),
+        (  # the kubelet evicted it: the pod's reason, not its killed container's, says why
+            {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+                "containerStatuses": [
+                    {
+                        "name": "c",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "i",
+                        "imageID": "",
+                        "state": {"terminated": {"reason": "ContainerStatusUnknown", "exitCode": 137}},
+                    }
+                ],
+            },
+            "pod failed: Evicted: The node was low on resource: memory.",
+        ),
     ],
 )
 def test_pod_failures_fail_fast_with_the_pods_reason(

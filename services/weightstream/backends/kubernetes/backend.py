@@ -3,12 +3,20 @@
 It creates what ``manifests.py`` describes (the owner ConfigMap first, so the others can point at its uid;
 then the role-token Secret and the NetworkPolicy, so no pod runs without them), reports placement
 progress ("workers 3/4 running"), turns pod states into failures with the pod's own reason
-(ImagePullBackOff, OOMKilled, Unschedulable, ...) instead of hanging, and deletes the job's objects.
+(ImagePullBackOff, OOMKilled, Unschedulable, Evicted, ...) instead of hanging, and deletes the job's objects.
+
+Fault recovery: a role is dead when its pod has such a problem, is being deleted, or is gone (deleted by
+someone; only pods this backend created count, so a pod not created yet is never "deleted"). ``restart``
+deletes a role's pod at once (grace period 0), waits until the API no longer has that name, and creates
+the very manifest ``start`` created (same name, owner, Secret): the role keeps its DNS name, so its
+address does not change. It needs no verb beyond create, list and delete on pods, which the chart's Role
+grants.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +33,7 @@ from weightstream.backends.kubernetes.manifests import (
     ClusterConfig,
     job_manifests,
     job_object_name,
+    pod_name,
     role_addresses,
 )
 from weightstream.backends.kubernetes.security import role_token_secret_name
@@ -69,6 +78,9 @@ def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
 def pod_problem(pod: Any) -> str | None:
     """Why a pod will not serve its role, or None while it is fine (pending normally, or running)."""
     status = pod.status
+    if status.phase in ("Failed", "Succeeded") and status.reason:
+        # the pod's own reason (Evicted, NodeLost, DeadlineExceeded) says more than its killed container's
+        return f"pod {status.phase.lower()}: {status.reason}: {status.message or ''}".rstrip(": ")
     for cs in status.container_statuses or []:
         if cs.state and cs.state.waiting and cs.state.waiting.reason in _FATAL_WAITING:
             return f"{cs.state.waiting.reason}: {cs.state.waiting.message or ''}".rstrip(": ")
@@ -76,11 +88,17 @@ def pod_problem(pod: Any) -> str | None:
             t = cs.state.terminated
             return f"terminated: {t.reason or 'Error'} (exit code {t.exit_code})"
     if status.phase in ("Failed", "Succeeded"):
-        return f"pod {status.phase.lower()}: {status.reason or ''} {status.message or ''}".strip()
+        return f"pod {status.phase.lower()}: {status.message or ''}".rstrip(": ")
     for cond in status.conditions or []:
         if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
             return f"Unschedulable: {cond.message or ''}".rstrip(": ")
     return None
+
+
+def _role_of(pod: Any) -> RoleSpec:
+    labels = pod.metadata.labels or {}
+    index = labels.get(LABEL_INDEX, "")
+    return RoleSpec(labels.get(LABEL_ROLE, "?"), int(index) if index.isdigit() else -1)
 
 
 def _ready(pod: Any) -> bool:
@@ -99,9 +117,11 @@ class KubernetesBackend:
         on_progress: Callable[[str], None] | None = None,
         poll_s: float = 1.0,
         networking: client.NetworkingV1Api | None = None,
+        replace_timeout_s: float = 120.0,
     ) -> None:
         """``api`` and ``networking`` default to the in-pod service account or the current kubeconfig;
-        ``networking`` defaults to the same connection as ``api``."""
+        ``networking`` defaults to the same connection as ``api``. ``replace_timeout_s``: how long
+        ``restart`` waits for a deleted pod to leave the API (a finalizer can hold it)."""
         if cluster.coordinator_namespace is None and (ns := own_namespace()) is not None:
             # the job's NetworkPolicy must admit this pod even when jobs go to another namespace
             cluster = dataclasses.replace(cluster, coordinator_namespace=ns)
@@ -112,9 +132,18 @@ class KubernetesBackend:
         self.networking = networking or client.NetworkingV1Api(self.api.api_client)
         self.on_progress = on_progress or (lambda msg: None)
         self.poll_s = poll_s
+        self.replace_timeout_s = replace_timeout_s
         self._stopping = False
         self._selector = f"{LABEL_JOB}={job_id}"
-        self._checked: tuple[float, list[str]] = (float("-inf"), [])  # when failures() last asked, and what
+        # when failures()/dead() last asked the API server, and what they found (dead roles, or the error)
+        self._checked: tuple[float, dict[RoleSpec, str], str | None] = (float("-inf"), {}, None)
+        # each pod start() created, by name, with its manifest: what restart() creates again
+        self._manifests: dict[str, dict[str, Any]] = {}
+        self._roles: dict[str, RoleSpec] = {}
+        self._lock = threading.Lock()  # _manifests, _roles, _checked: failures() runs on other threads
+        # held while restart() creates pods and while stop() sets _stopping: a replacement is either
+        # created before stop() deletes the job's pods, or not at all (never one left behind)
+        self._creating = threading.Lock()
 
     # -- Backend -------------------------------------------------------------------------------------------
     def start(self, roles: list[RoleSpec], credential: str) -> None:
@@ -136,7 +165,7 @@ class KubernetesBackend:
             created.metadata.uid,
             credential=credential,
         )
-        create = {
+        create: dict[str, Callable[..., Any]] = {
             "Secret": self.api.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Service": self.api.create_namespaced_service,
@@ -147,7 +176,11 @@ class KubernetesBackend:
             if doc["kind"] in create:
                 self._create(doc["kind"], doc["metadata"]["name"], create[doc["kind"]], doc)
             elif (labels[LABEL_ROLE], int(labels[LABEL_INDEX])) in wanted:
-                self._create("Pod", doc["metadata"]["name"], self.api.create_namespaced_pod, doc)
+                name = doc["metadata"]["name"]
+                self._create("Pod", name, self.api.create_namespaced_pod, doc)
+                with self._lock:  # only now may its absence mean "deleted"
+                    self._manifests[name] = doc
+                    self._roles[name] = RoleSpec(labels[LABEL_ROLE], int(labels[LABEL_INDEX]))
         self.on_progress(f"created {len(wanted)} pods in namespace {ns}")
 
     def _create(self, kind: str, name: str, fn: Callable[..., Any], body: dict[str, Any]) -> Any:
@@ -171,9 +204,9 @@ class KubernetesBackend:
             if self._stopping:
                 raise BackendError("stopped while starting")
             pods = self._pods()
-            problems = self._problems(pods)
-            if problems:
-                raise BackendError("; ".join(problems))
+            dead = self._dead(pods)
+            if dead:
+                raise BackendError("; ".join(dead.values()))
             counts = self.plan.counts()
             ready = {
                 k: sum(1 for p in pods if p.metadata.labels.get(LABEL_ROLE) == k and _ready(p))
@@ -189,35 +222,107 @@ class KubernetesBackend:
                 raise BackendError(f"pods not ready after {timeout_s:.0f}s: {msg}")
             time.sleep(self.poll_s)
 
-    def _problems(self, pods: list[Any]) -> list[str]:
-        out = []
+    def _dead(self, pods: list[Any]) -> dict[RoleSpec, str]:
+        """Every role whose pod in ``pods`` cannot serve, is being deleted, or that start() or restart()
+        created and ``pods`` lacks, with one line saying how, in role order."""
+        with self._lock:
+            roles = dict(self._roles)
+        out: dict[RoleSpec, str] = {}
         for p in pods:
+            name = p.metadata.name
             why = pod_problem(p)
+            if p.metadata.deletion_timestamp is not None:  # going away, whatever it does until then
+                why = f"{why}, being deleted" if why else "being deleted"
             if why:
-                role = f"{p.metadata.labels.get(LABEL_ROLE)}-{p.metadata.labels.get(LABEL_INDEX)}"
-                out.append(f"{role} (pod {p.metadata.name}) {why}")
-        return out
+                role = roles.get(name) or _role_of(p)
+                out[role] = f"{role.name} (pod {name}) {why}"
+        for name in roles.keys() - {p.metadata.name for p in pods}:
+            out[roles[name]] = f"{roles[name].name} (pod {name}) deleted"
+        return dict(sorted(out.items(), key=lambda item: (item[0].kind, item[0].index)))
+
+    def _observe(self) -> tuple[dict[RoleSpec, str], str | None]:
+        """The dead roles, or the error listing the pods gave. Asked several times a second while calls
+        are in flight: the API server is asked at most once per ``poll_s`` (a death still shows within it)."""
+        with self._lock:
+            at, dead, error = self._checked
+        if time.monotonic() - at < self.poll_s:
+            return dead, error
+        try:
+            dead, error = self._dead(self._pods()), None
+        except BackendError as e:
+            dead, error = {}, str(e)
+        with self._lock:
+            self._checked = (time.monotonic(), dead, error)
+        return dead, error
 
     def failures(self) -> list[str]:
-        """Asked several times a second while calls are in flight; the API server is asked at most once
-        per ``poll_s`` (a pod's death still shows within that)."""
+        """One line per dead role (``dead``), or the API server's error when the pods cannot be listed."""
         if self._stopping:
             return []
-        at, found = self._checked
-        if time.monotonic() - at < self.poll_s:
-            return found
-        try:
-            found = self._problems(self._pods())
-        except BackendError as e:
-            found = [str(e)]
-        self._checked = (time.monotonic(), found)
-        return found
+        dead, error = self._observe()
+        return [error] if error else list(dead.values())
+
+    def dead(self) -> dict[RoleSpec, str]:
+        """Roles whose pod failed, is being deleted or is gone. When the pods cannot be listed, no role is
+        known dead (``failures`` carries the error): an API server's hiccup is no reason to replace pods."""
+        if self._stopping:
+            return {}
+        return dict(self._observe()[0])
+
+    def restart(self, roles: list[RoleSpec]) -> None:
+        """Delete each role's pod at once (grace period 0: a hung role gets no time to finish), wait until
+        its name has left the API (a pod cannot be created while one of that name exists), and create the
+        manifest ``start`` created again. Raises BackendError when a role was never started here, when the
+        API refuses, or when a pod is still there after ``replace_timeout_s``."""
+        if self._stopping:
+            raise BackendError("stopped: no role can be restarted")
+        ns = self.cluster.namespace
+        with self._lock:
+            manifests = dict(self._manifests)
+        names = {role: pod_name(self.job_id, role) for role in roles}
+        for role, name in names.items():
+            if name not in manifests:
+                raise BackendError(f"cannot restart {role.name}: this backend never created pod {name}")
+        for role, name in names.items():
+            self.on_progress(f"replacing {role.name} (pod {name})")
+            try:
+                self.api.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            except ApiException as e:
+                if e.status != 404:  # 404: already gone, which is what we want
+                    raise BackendError(f"cannot delete pod {name} in {ns}: {e.status} {e.reason}") from e
+        self._wait_gone(set(names.values()))
+        with self._creating:
+            if self._stopping:
+                raise BackendError("stopped while replacing pods")
+            for name in names.values():
+                self._create("Pod", name, self.api.create_namespaced_pod, manifests[name])
+        with self._lock:  # what failures() remembers predates the replacements
+            self._checked = (float("-inf"), {}, None)
+
+    def _wait_gone(self, names: set[str]) -> None:
+        deadline = time.monotonic() + self.replace_timeout_s
+        while True:
+            left = [p for p in self._pods() if p.metadata.name in names]
+            if not left:
+                return
+            if self._stopping:
+                raise BackendError("stopped while replacing pods")
+            if time.monotonic() > deadline:
+                held = "; ".join(
+                    f"{p.metadata.name} (finalizers: {', '.join(p.metadata.finalizers or []) or 'none'})"
+                    for p in left
+                )
+                raise BackendError(
+                    f"pods still present {self.replace_timeout_s:g}s after their deletion: {held}"
+                )
+            time.sleep(self.poll_s)
 
     def stop(self) -> None:
         """Delete the owner (the cluster's garbage collector removes the rest), then the pods, the
         Service, the credential's Secret and the NetworkPolicy themselves, so nothing is left even where
         ownerReferences are not honoured. The Secret goes after the pods that mount it."""
-        self._stopping = True
+        with self._creating:
+            self._stopping = True
         ns, name = self.cluster.namespace, job_object_name(self.job_id)
         calls = (
             lambda: self.api.delete_namespaced_config_map(name, ns, propagation_policy="Background"),

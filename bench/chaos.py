@@ -1,0 +1,403 @@
+"""Fault recovery under fire: the same GPT-2 job run fault-free, then with its role processes killed.
+
+Both runs use the local backend in this process (JobRunner in a thread). During the second, an injector
+thread waits for step events and, at scheduled steps, sends SIGKILL (and once SIGSTOP) to a role's
+process: every kind of role, MemoryX included, the first MemoryX kill before any recovery snapshot or
+checkpoint exists (a rollback to the seed's state). Prints one JSON line: faults by kind and signal,
+restarts, recovery and detection time, steps replayed, the wall time of both runs, the cost of a fault in
+fault-free steps (target <= 2.0), and whether the final checkpoint and every logged loss are bitwise equal.
+
+    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from weightstream.backends.base import RoleSpec
+from weightstream.backends.local import LocalProcessBackend
+from weightstream.params import load_params
+from weightstream.plan import make_plan
+from weightstream.training.runner import JobRunner, RunSummary, job_log
+
+KINDS = ("memoryx", "swarmx", "activation", "worker")  # the order faults rotate through
+TARGET_COST_PER_FAULT_STEPS = 2.0
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Injection:
+    after_step: int  # sent once step ``after_step`` (1-based) is committed, while the next one runs
+    role: str  # e.g. "memoryx-1"
+    signal: str  # "SIGKILL" or "SIGSTOP"
+
+    @property
+    def kind(self) -> str:
+        return self.role.rsplit("-", 1)[0]
+
+    @property
+    def spec(self) -> RoleSpec:
+        kind, index = self.role.rsplit("-", 1)
+        return RoleSpec(kind, int(index))
+
+
+def fault_schedule(
+    steps: int, faults: int, counts: dict[str, int], first_recovery_point: int, min_gap: int = 2
+) -> list[Injection]:
+    """``faults`` injections over a ``steps``-step job whose roles number ``counts`` (by kind).
+
+    Kinds rotate memoryx, swarmx, activation, worker (indices in turn), so any 4 in a row cover every
+    kind. The first, a MemoryX kill, comes halfway to ``first_recovery_point`` (the first step with a
+    snapshot or checkpoint), so that shard loss rolls back to the seed's state. The rest are evenly spaced
+    at least ``min_gap`` committed steps apart: a role killed again before a step completes after its
+    replacement fails the job (the runner takes it for a crash loop), and the gap also keeps one recovery
+    from overlapping the next. The worker fault nearest the middle is a SIGSTOP (a hung role, found only
+    by the RPC deadline and a health probe). The last fault leaves at least ``min_gap`` steps to run."""
+    if faults < len(KINDS):
+        raise ValueError(f"faults={faults}: at least {len(KINDS)} are needed to hit every kind of role")
+    if first_recovery_point < 2:
+        raise ValueError(
+            f"the first snapshot or checkpoint is at step {first_recovery_point}: no room for a MemoryX "
+            "kill before it (use --snapshot-steps 2 or more)"
+        )
+    first = first_recovery_point // 2
+    gap = (steps - first) // faults
+    if gap < min_gap:
+        raise ValueError(
+            f"{faults} faults after step {first} of {steps} are {gap} steps apart, fewer than {min_gap}: "
+            "use more --steps or fewer --faults"
+        )
+    at = [first + i * gap for i in range(faults)]
+    kinds = [KINDS[i % len(KINDS)] for i in range(faults)]
+    workers = [i for i, k in enumerate(kinds) if k == "worker"]
+    stop = min(workers, key=lambda i: abs(i - faults // 2))
+    out = []
+    for i, (step, kind) in enumerate(zip(at, kinds, strict=True)):
+        index = (i // len(KINDS)) % counts[kind]
+        out.append(Injection(step, f"{kind}-{index}", "SIGSTOP" if i == stop else "SIGKILL"))
+    return out
+
+
+@dataclass
+class Run:
+    """What one run of the job left: its summary, its events (monotonic time, event) and injections."""
+
+    model_dir: Path
+    wall_s: float
+    summary: RunSummary
+    events: list[tuple[float, Event]]
+    injected: list[tuple[float, Injection, int]] = field(default_factory=list)  # (time, what, pid)
+
+    def of(self, kind: str) -> list[Event]:
+        return [e for _, e in self.events if e["event"] == kind]
+
+
+class Chaos:
+    """Records a run's events and, from its own thread, injects ``schedule`` into the backend's roles."""
+
+    def __init__(self, schedule: list[Injection], backend: LocalProcessBackend, max_steps: int) -> None:
+        self.schedule, self.backend, self.max_steps = schedule, backend, max_steps
+        self.events: list[tuple[float, Event]] = []
+        self.injected: list[tuple[float, Injection, int]] = []
+        self._cond = threading.Condition()
+        self._step, self._finished = 0, False
+
+    def on_event(self, e: Event) -> None:
+        t = time.monotonic()
+        with self._cond:
+            self.events.append((t, e))
+            if e["event"] == "step":
+                self._step = e["step"]
+            self._cond.notify_all()
+        kind = e["event"]
+        if kind == "step" and (e["step"] % max(1, self.max_steps // 10) == 0):
+            progress(f"step {e['step']}/{self.max_steps} loss {e['loss']:.4f} {e['step_time_s']:.2f}s/step")
+        elif kind in ("restart", "retry"):
+            progress(f"{kind} at step {e['step']}: {e['reason'].split('; its log')[0]}")
+        elif kind == "recovered":
+            progress(f"recovered at step {e['step']} in {e['recovery_s']:.2f}s, replay {e['replay_steps']}")
+
+    def finish(self) -> None:
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+    def inject(self) -> None:
+        for inj in self.schedule:
+            with self._cond:
+                self._cond.wait_for(lambda inj=inj: self._finished or self._step >= inj.after_step)
+                if self._finished:
+                    return
+            # the role's current process: a replacement's Popen takes its place in ``procs``, and the
+            # schedule's spacing means it has been serving steps for a while already
+            pid = self.backend.procs[inj.spec].pid
+            os.kill(pid, getattr(signal, inj.signal))
+            self.injected.append((time.monotonic(), inj, pid))
+            progress(f"{inj.signal} {inj.role} (pid {pid}) after step {inj.after_step}")
+
+
+def progress(line: str) -> None:
+    print(f"[chaos] {line}", file=sys.stderr, flush=True)
+
+
+def run_job(raw: dict[str, Any], model_dir: Path, schedule: list[Injection]) -> Run:
+    """Run the job of ``raw`` in ``model_dir`` with ``schedule`` injected (empty: fault-free)."""
+    raw = json.loads(json.dumps(raw))
+    raw["runconfig"]["model_dir"] = str(model_dir)
+    params = load_params(raw)
+    backend = LocalProcessBackend(model_dir / "logs")
+    chaos = Chaos(schedule, backend, params.runconfig.max_steps)
+    out: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            with job_log(model_dir, model_dir.name):
+                out["summary"] = JobRunner(params, backend, chaos.on_event, job_id=model_dir.name).run()
+        except BaseException as e:  # handed to the main thread, which raises it
+            out["error"] = e
+        finally:
+            chaos.finish()
+
+    t0 = time.monotonic()
+    trainer = threading.Thread(target=train, name=f"runner-{model_dir.name}")
+    trainer.start()
+    chaos.inject()
+    trainer.join()
+    wall = time.monotonic() - t0
+    if "error" in out:
+        raise RuntimeError(f"the {model_dir.name} run failed (logs in {model_dir})") from out["error"]
+    return Run(model_dir, wall, out["summary"], chaos.events, chaos.injected)
+
+
+# -- comparing the two runs ----------------------------------------------------------------------------
+def checkpoints_equal(a: Path, b: Path) -> bool:
+    """Whether every tensor of every model and optimizer file of checkpoints ``a`` and ``b`` is equal
+    (same names, dtypes, shapes and bits)."""
+    files = sorted(p.name for p in a.glob("*.safetensors"))
+    if not files or files != sorted(p.name for p in b.glob("*.safetensors")):
+        return False
+    for name in files:
+        x, y = load_file(a / name), load_file(b / name)
+        if x.keys() != y.keys():
+            return False
+        if any(x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k]) for k in x):
+            return False
+    return True
+
+
+def logged_losses(model_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def detection_s(
+    injected: list[tuple[float, Injection, int]], events: list[tuple[float, Event]]
+) -> list[float | None]:
+    """For each injection, seconds until the runner's first "restart" event for that role after it
+    (None: never detected)."""
+    out: list[float | None] = []
+    for t, inj, _ in injected:
+        later = [te for te, e in events if e["event"] == "restart" and e["role"] == inj.role and te >= t]
+        out.append(min(later) - t if later else None)
+    return out
+
+
+def cost_per_fault_steps(faulty_wall_s: float, fault_free_wall_s: float, faults: int, step_s: float) -> float:
+    """The wall time the faults added, per fault, in fault-free steps."""
+    return (faulty_wall_s - fault_free_wall_s) / faults / step_s
+
+
+def lost_s(
+    injected: list[tuple[float, Injection, int]], events: list[tuple[float, Event]]
+) -> tuple[float, list[float | None]]:
+    """(the run's normal step: the median gap between step events with no injection in between; for
+    each injection, how much longer than that the run took to commit the step after it: detection,
+    replacement, reconfiguration, replay and the step's second run; None where no step followed).
+    Measured within one run, so unlike the wall-time difference of two runs it does not move with the
+    load that other work puts on the machine between them."""
+    spans = list(itertools.pairwise(t for t, e in events if e["event"] == "step"))
+    hit = [t for t, _, _ in injected]
+    clean = [b - a for a, b in spans if not any(a <= h < b for h in hit)]
+    normal = statistics.median(clean) if clean else 0.0
+    out: list[float | None] = []
+    for h in hit:
+        around = [b - a for a, b in spans if a <= h < b]
+        out.append(around[0] - normal if around else None)
+    return normal, out
+
+
+def _median_step_s(run: Run) -> float:
+    times = [e["step_time_s"] for e in run.of("step")]
+    return statistics.median(times[1:] or times)  # the first warms caches up
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def summarize(base: Run, faulty: Run) -> dict[str, Any]:
+    mean_step = statistics.fmean(e["step_time_s"] for e in base.of("step"))
+    injected = [inj for _, inj, _ in faulty.injected]
+    detect = detection_s(faulty.injected, faulty.events)
+    kills = [t for t, i in zip(detect, injected, strict=True) if t is not None and i.signal == "SIGKILL"]
+    stops = [t for t, i in zip(detect, injected, strict=True) if t is not None and i.signal == "SIGSTOP"]
+    cost = cost_per_fault_steps(faulty.wall_s, base.wall_s, max(1, len(injected)), mean_step)
+    normal, lost = lost_s(faulty.injected, faulty.events)
+    known = [x for x in lost if x is not None]
+    cost_in_run = statistics.fmean(known) / normal if known and normal else None
+
+    def lost_mean(sig: str, kind: str | None = None) -> float | None:
+        xs = [
+            x
+            for x, i in zip(lost, injected, strict=True)
+            if x is not None and i.signal == sig and kind in (None, i.kind)
+        ]
+        return statistics.fmean(xs) if xs else None
+
+    restarts, recovered = faulty.of("restart"), faulty.of("recovered")
+    assert base.summary.checkpoint is not None and faulty.summary.checkpoint is not None
+    target = TARGET_COST_PER_FAULT_STEPS
+    return {
+        "faults": {
+            "total": len(injected),
+            "by_kind": {k: sum(i.kind == k for i in injected) for k in KINDS},
+            "by_signal": {s: sum(i.signal == s for i in injected) for s in ("SIGKILL", "SIGSTOP")},
+            "schedule": [f"{i.after_step}:{i.role}:{i.signal}" for i in injected],
+        },
+        "restarts": faulty.summary.restarts,
+        "restarts_by_kind": {k: sum(e["role_kind"] == k for e in restarts) for k in KINDS},
+        "retries": len(faulty.of("retry")),
+        "recoveries": len(recovered),
+        "recovery_s_total": round(sum(e["recovery_s"] for e in recovered), 3),
+        "recovery_s_median": _r(
+            statistics.median([e["recovery_s"] for e in recovered]) if recovered else None
+        ),
+        "replay_steps_total": sum(e["replay_steps"] for e in recovered),
+        "undetected_faults": sum(t is None for t in detect),
+        "detection_s_sigkill_median": _r(statistics.median(kills) if kills else None),
+        "detection_s_sigkill_max": _r(max(kills) if kills else None),
+        "detection_s_sigstop": _r(stops[0] if stops else None),
+        "lost_s_per_sigkill_by_kind": {k: _r(lost_mean("SIGKILL", k)) for k in KINDS},
+        "lost_s_sigstop": _r(lost_mean("SIGSTOP")),
+        "wall_s_fault_free": round(base.wall_s, 2),
+        "wall_s_faulty": round(faulty.wall_s, 2),
+        "slowdown": round(faulty.wall_s / base.wall_s, 3),
+        "fault_free_step_s_median": round(_median_step_s(base), 4),
+        "fault_free_step_s_mean": round(mean_step, 4),
+        # far from 1: the machine's load changed between the runs, and the wall-time cost with it
+        "step_s_ratio_faulty_over_fault_free": round(_median_step_s(faulty) / _median_step_s(base), 3),
+        "cost_per_fault_in_steps": round(cost, 2),
+        "cost_per_fault_in_steps_in_run": _r(cost_in_run, 2),
+        "cost_per_fault_target": target,
+        "cost_per_fault_target_met": {
+            "wall": cost <= target,
+            "in_run": cost_in_run is not None and cost_in_run <= target,
+        },
+        "bitwise_equal": checkpoints_equal(base.summary.checkpoint, faulty.summary.checkpoint),
+        "losses_equal": logged_losses(base.model_dir) == logged_losses(faulty.model_dir),
+        "final_step": faulty.summary.final_step,
+    }
+
+
+# -- the job -------------------------------------------------------------------------------------------
+def params_dict(a: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "train_input": {
+            "data_processor": "SyntheticDataProcessor",
+            "batch_size": a.batch,
+            "max_sequence_length": a.seq,
+            "shuffle_seed": 3,
+        },
+        "model": {
+            "name": "gpt2",
+            "vocab_size": a.vocab,
+            "hidden_size": a.hidden,
+            "num_hidden_layers": a.layers,
+            "num_heads": max(1, a.hidden // 64),
+            "max_position_embeddings": a.seq,
+        },
+        "optimizer": {"optimizer_type": "adamw", "learning_rate": 1e-4, "max_gradient_norm": 1.0},
+        "runconfig": {
+            "max_steps": a.steps,
+            "autoload_last_checkpoint": False,  # a --keep directory run again starts over
+            "log_steps": 1,
+            "checkpoint_steps": a.checkpoint_steps,
+            "recovery_snapshot_steps": a.snapshot_steps,
+            "num_csx": a.workers,
+            "num_wgt_servers": a.shards,
+            "rpc_timeout_s": a.rpc_timeout,
+            "max_role_restarts": max(50, 2 * a.faults),
+            "seed": 1,
+        },
+    }
+
+
+SMOKE = {"hidden": 32, "layers": 2, "seq": 16, "batch": 8, "vocab": 64, "steps": 40, "faults": 5}
+SMOKE.update(rpc_timeout=5.0, snapshot_steps=6, checkpoint_steps=20)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--rpc-timeout", type=float, default=10.0, help="runconfig.rpc_timeout_s: bounds a hang")
+    ap.add_argument("--snapshot-steps", type=int, default=10, help="runconfig.recovery_snapshot_steps")
+    ap.add_argument("--checkpoint-steps", type=int, default=100)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
+    ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        for key, value in SMOKE.items():
+            if ap.get_default(key) == getattr(a, key):  # what the command line set wins
+                setattr(a, key, value)
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    raw = params_dict(a)
+    params = load_params({**raw, "runconfig": {**raw["runconfig"], "model_dir": "unused"}})
+    counts = make_plan(params).counts()
+    points = [p for p in (a.snapshot_steps, a.checkpoint_steps) if p > 0]
+    schedule = fault_schedule(a.steps, a.faults, counts, min([*points, a.steps]))
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        work = a.keep or Path(tmp)
+        progress(f"fault-free run: {a.steps} steps, roles {counts}")
+        base = run_job(raw, work / "fault_free", [])
+        progress(f"faulty run: {len(schedule)} faults")
+        faulty = run_job(raw, work / "faulty", schedule)
+        result = {
+            "bench": "chaos",
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+            "roles": counts,
+            "rpc_timeout_s": a.rpc_timeout,
+            **summarize(base, faulty),
+        }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Fault recovery's bookkeeping: which roles were replaced, when and why; the restart budget; backoff.
+
+How the runner recovers (``runner.JobRunner._recover``):
+  1. find what is wrong: roles the backend reports dead, and roles that do not answer a Health probe
+     within ``probe_timeout_s`` (hung: SIGSTOPped, partitioned), which are killed;
+  2. ask this budget: past ``runconfig.max_role_restarts`` replacements, or when a replaced role dies again
+     before the job has completed a step since (a bad config, a data error), the job fails with the whole
+     history; a role replaced again soon waits a backoff first;
+  3. replace the lost roles through the backend and configure every role again under a new generation, so
+     nothing of the interrupted attempt counts (``transport.fencing``);
+  4. MemoryX survived: the shards keep their state and the interrupted step runs again. A shard was lost:
+     every shard goes back to the newest recovery point (snapshot, checkpoint, or the seed's initial
+     weights) and the steps since are replayed; training is deterministic, so the replay reproduces them
+     bit for bit (the runner checks each replayed loss against the first one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from weightstream.backends.base import Backend, BackendError, RoleSpec
+from weightstream.plan import Plan
+from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
+from weightstream.training.roles import RolePlane
+
+__all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
+
+PROBE_TIMEOUT_S = 5.0  # a role that does not answer Health within this long after a fault is hung
+
+# status codes of a failed call that a retry may cure; any other (INVALID_ARGUMENT, PERMISSION_DENIED, ...)
+# says the request itself is wrong, and the same request would fail again
+_TRANSIENT = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED")
+_BACKOFF_WINDOW_S = 300.0  # restarts of one role within this long count towards its backoff
+_BACKOFF_BASE_S, _BACKOFF_MAX_S = 0.5, 30.0
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` (a failed call, as the runner saw it) may go away when the step runs again."""
+    text = str(error)
+    return isinstance(error, TimeoutError) or any(code in text for code in _TRANSIENT)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float  # seconds since the run began
+    step: int  # the step in progress (0-based), or the step evaluated or checkpointed
+    role: str  # e.g. "worker-1"; "-" for a failed attempt with no role lost
+    how: str
+
+    def line(self) -> str:
+        return f"{self.at_s:8.1f}s step {self.step + 1}: {self.role} {self.how}"
+
+
+class RestartBudget:
+    """Admits replacements until ``max_restarts``; remembers every fault for the failure message."""
+
+    def __init__(self, max_restarts: int, clock: float | None = None) -> None:
+        self.max_restarts = max_restarts
+        self.t0 = time.monotonic() if clock is None else clock
+        self.history: list[Fault] = []
+        self.restarts = 0
+        self.by_kind: dict[str, int] = defaultdict(int)
+        self._recent: dict[RoleSpec, list[float]] = defaultdict(list)  # monotonic times of restarts
+        self._since_step: set[RoleSpec] = set()  # replaced, and no step has completed since
+        self._retried_step: int | None = None  # a step re-run after a failure with no role lost
+
+    def fail(self, why: str) -> JobFailed:
+        """The error that ends the job: ``why``, then the run's fault history."""
+        shown = self.history[-40:]
+        lines = "\n".join(f.line() for f in shown)
+        more = f"\n(and {len(self.history) - len(shown)} earlier)" if len(self.history) > len(shown) else ""
+        return JobFailed(f"{why}\nfaults of this run:\n{lines}{more}")
+
+    def admit(self, lost: dict[RoleSpec, str], step: int, error: BaseException | None) -> float:
+        """Record the roles ``lost`` at ``step`` (empty: a step failed with every role alive, ``error``
+        saying how). Returns the backoff to wait before replacing them; raises JobFailed when the job
+        must not go on."""
+        now = time.monotonic()
+        at = now - self.t0
+        if not lost:
+            self.history.append(Fault(at, step, "-", f"attempt failed with every role alive: {error}"))
+            if error is not None and not is_transient(error):
+                raise self.fail(f"step {step + 1} failed and no role was lost: {error}")
+            if self._retried_step == step:
+                raise self.fail(f"step {step + 1} failed twice with every role alive: {error}")
+            self._retried_step = step
+            return 0.0
+        for role, how in sorted(lost.items(), key=lambda kv: (kv[0].kind, kv[0].index)):
+            self.history.append(Fault(at, step, role.name, how))
+        again = sorted(r.name for r in lost if r in self._since_step)
+        if again:
+            raise self.fail(
+                f"{', '.join(again)} failed again before the job completed a step since its replacement "
+                "(a bad configuration or a data error?); not replacing it again"
+            )
+        if self.restarts + len(lost) > self.max_restarts:
+            raise self.fail(
+                f"{self.restarts + len(lost)} role replacements would exceed runconfig.max_role_restarts "
+                f"({self.max_restarts})"
+            )
+        backoff = 0.0
+        for role in lost:
+            recent = [t for t in self._recent[role] if now - t < _BACKOFF_WINDOW_S]
+            if recent:  # replaced before, lately: wait 0.5 s, 1 s, 2 s, ... (at most 30 s)
+                backoff = max(backoff, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** (len(recent) - 1)))
+            self._recent[role] = [*recent, now]
+            self.by_kind[role.kind] += 1
+        self.restarts += len(lost)
+        self._since_step |= set(lost)
+        return backoff
+
+    def step_completed(self) -> None:
+        """A step has completed: every replacement so far has proven itself."""
+        self._since_step.clear()
+        self._retried_step = None
+
+
+class Recovery:
+    """Steps 1 to 4 above, for one run."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        plan: Plan,
+        roles: RolePlane,
+        budget: RestartBudget,
+        log: logging.Logger,
+        emit: Callable[..., None],
+        cancelled: threading.Event,
+        wait_ready: Callable[[], dict[str, list[str]]],
+        rpc_timeout_s: float,
+    ) -> None:
+        self.backend, self.plan, self.roles, self.budget, self.log = backend, plan, roles, budget, log
+        self.emit, self.cancelled, self.wait_ready = emit, cancelled, wait_ready
+        self.probe_s = min(PROBE_TIMEOUT_S, rpc_timeout_s)
+
+    def recover(
+        self, fault: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
+    ) -> int:
+        """Recover from ``fault`` at step ``at`` (``done``: steps the run has committed; ``applying``: the
+        step whose update was being applied, if any; ``point``: the recovery point as (step, directory or
+        None for the seed's initial state)). Faults during the recovery start it over. Returns the step
+        every shard holds now: ``at``, ``applying + 1`` where that update had landed everywhere, or the
+        recovery point's (then the runner replays up to ``done``). Raises JobFailed where the job
+        cannot go on."""
+        error: RoleFault = fault
+        while True:
+            if self.cancelled.is_set():
+                raise JobCancelled("cancelled")
+            try:
+                return self._once(error, at, done, applying, point)
+            except RoleFault as again:
+                error = again
+
+    def _lost(self) -> tuple[dict[RoleSpec, str], set[RoleSpec]]:
+        """Roles the backend reports dead, and roles that do not answer (killed by the restart)."""
+        dead = self.backend.dead()
+        alive = [RoleSpec(k, i) for k, i in self.plan.roles() if RoleSpec(k, i) not in dead]
+        replies = self.roles.probe(alive, self.probe_s)
+        hung = {r for r in alive if replies[r] is None}
+        how = f"did not answer a health check within {self.probe_s:g}s (hung); killed"
+        return {**dead, **{r: f"{r.name} {how}" for r in hung}}, hung
+
+    def _once(
+        self, error: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
+    ) -> int:
+        t0 = time.monotonic()
+        lost, _ = self._lost()
+        backoff = self.budget.admit(lost, at, error)  # raises JobFailed past the budget
+        for role, how in lost.items():
+            self.log.warning("step %d: %s; replacing it", at + 1, how)
+            self.emit(
+                "restart",
+                role=role.name,
+                role_kind=role.kind,
+                step=at + 1,
+                reason=how,
+                restarts=self.budget.restarts,
+                max_role_restarts=self.budget.max_restarts,
+            )
+        if not lost:
+            self.log.warning("step %d failed with every role alive (%s); running it again", at + 1, error)
+            self.emit("retry", step=at + 1, reason=str(error))
+        if backoff and self.cancelled.wait(backoff):
+            raise JobCancelled("cancelled")
+        addresses = self.roles.addresses
+        if lost:
+            try:
+                self.backend.restart(list(lost))
+                addresses = self.wait_ready()
+            except (BackendError, JobFailed) as e:
+                if self.cancelled.is_set():
+                    raise JobCancelled("cancelled") from e
+                raise self.budget.fail(f"a replacement role failed to start: {e}") from e
+        self.roles.generation += 1
+        now_at: int | None = None
+        if not any(r.kind == "memoryx" for r in lost):
+            self._configure(addresses, None, lost, keep_state=True)
+            steps = set(self.roles.shard_steps(self.probe_s))
+            if steps == {at} or (applying == at and steps == {at + 1}):
+                now_at = steps.pop()
+            else:
+                self.log.warning("MemoryX shards disagree after the fault (steps %s): rolling back", steps)
+        if now_at is None:  # a shard's state is lost: every shard goes back to the recovery point
+            now_at, path = point
+            self._configure(addresses, str(path) if path else None, lost)
+        took = time.monotonic() - t0
+        self.log.info(
+            "recovered in %.1fs: generation %d, %d restarts so far, replaying %d steps from step %d",
+            took,
+            self.roles.generation,
+            self.budget.restarts,
+            max(0, done - now_at),
+            now_at,
+        )
+        self.emit(
+            "recovered",
+            step=now_at,
+            replay_steps=max(0, done - now_at),
+            recovery_s=took,
+            generation=self.roles.generation,
+            restarts=self.budget.restarts,
+        )
+        return now_at
+
+    def _configure(
+        self,
+        addresses: dict[str, list[str]],
+        resume_dir: str | None,
+        lost: dict[RoleSpec, str],
+        keep_state: bool = False,
+    ) -> None:
+        """Configure every role again; a role refusing its configuration for a reason a retry cannot cure
+        (its data is gone, a file is unreadable) fails the job rather than being replaced in a loop."""
+        try:
+            self.roles.configure(addresses, resume_dir, keep_state)
+        except RoleFault as e:
+            if is_transient(e):
+                raise
+            replaced = ", ".join(sorted(r.name for r in lost)) or "no role"
+            raise self.budget.fail(
+                f"the job could not be configured again after replacing {replaced}: {e}"
+            ) from e

@@ -1,0 +1,158 @@
+"""The coordinator's side of the role plane: configure every role, call them all at once, probe them.
+
+One ``RolePlane`` per run. Each (re)configuration opens fresh channels that carry the current generation
+(``transport.fencing``) and closes the previous ones, which cancels whatever calls of the interrupted
+attempt were still waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+import grpc
+
+from weightstream.backends.base import Backend, RoleSpec
+from weightstream.plan import ROLE_KINDS, JobSpec, Plan
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.training.errors import RoleFault
+from weightstream.transport.rpc import call, open_channel
+
+__all__ = ["RolePlane"]
+
+T = TypeVar("T")
+
+
+class RolePlane:
+    def __init__(
+        self,
+        backend: Backend,
+        plan: Plan,
+        params: dict[str, Any],
+        job_id: str,
+        credential: str,
+        timeout_s: float,
+    ) -> None:
+        self.backend, self.plan, self.params, self.job_id = backend, plan, params, job_id
+        self.credential, self.timeout_s = credential, timeout_s
+        self.addresses: dict[str, list[str]] = {}
+        self.generation = 0
+        self.workers: list[Any] = []
+        self.shards: list[Any] = []
+        self._channels: list[grpc.Channel] = []
+        n = sum(plan.counts().values())
+        # room for a new attempt's calls while the previous attempt's are being cancelled
+        self._pool = ThreadPoolExecutor(max(8, 3 * n), thread_name_prefix="coord")
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        channel = open_channel(address, self.credential, self.generation)
+        self._channels.append(channel)
+        return channel
+
+    # -- calling every role of a kind ----------------------------------------------------------------------
+    def check_roles(self, grace_s: float = 0.0) -> None:
+        """Raise RoleFault if a role has died. ``grace_s``: after a failed call, the peer's exit may reach
+        us a moment after its closed connection does, so look again for that long."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = self.backend.failures()
+            if dead:
+                raise RoleFault("role died: " + "; ".join(dead))
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+    def all(self, kind: str, fn: Callable[[int], T], timeout_s: float, watch: bool = True) -> list[T]:
+        """Run ``fn(i)`` for every role of ``kind`` concurrently. Any failure raises RoleFault at once, as
+        does (with ``watch``) any role of the job dying meanwhile."""
+        futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(self.plan.counts()[kind])]
+        deadline = time.monotonic() + timeout_s
+        pending: set[Future[T]] = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if (e := f.exception()) is not None:
+                    if watch:
+                        self.check_roles(grace_s=1.0)  # a dead role explains a failed call better
+                    raise RoleFault(str(e)) from e
+            if watch:
+                self.check_roles()
+            if time.monotonic() > deadline:
+                raise RoleFault(f"{kind}s did not answer within {timeout_s:.0f}s")
+        return [f.result() for f in futures]
+
+    def rpc_all(self, kind: str, method: str, request: Any, watch: bool = True) -> list[Any]:
+        """Call ``method`` on every worker or MemoryX shard at once (``request`` may be a function of the
+        index), each call with the job's deadline."""
+        stubs = self.workers if kind == "worker" else self.shards
+
+        def one(i: int) -> Any:
+            req = request(i) if callable(request) else request
+            return call(f"{kind}-{i}", method, getattr(stubs[i], method), req, timeout=self.timeout_s)
+
+        return self.all(kind, one, self.timeout_s, watch)
+
+    # -- configuration -------------------------------------------------------------------------------------
+    def configure(
+        self, addresses: dict[str, list[str]], resume_dir: str | None, keep_state: bool = False
+    ) -> None:
+        """Configure every role for the current generation. ``keep_state``: MemoryX shards keep their
+        weights and state (a fault elsewhere); otherwise they load ``resume_dir`` (None: the seed's)."""
+        old, self._channels = self._channels, []
+        self.addresses = addresses
+        for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
+            controls = [rpc.ControlStub(self._channel(a)) for a in addresses[kind]]
+
+            def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
+                job = JobSpec(
+                    self.params,
+                    self.plan.to_dict(),
+                    addresses,
+                    kind,
+                    i,
+                    resume_dir,
+                    self.job_id,
+                    generation=self.generation,
+                    keep_state=keep_state,
+                )
+                call(
+                    f"{kind}-{i}",
+                    "Configure",
+                    controls[i].Configure,
+                    pb.ConfigureRequest(job_json=job.to_json()),
+                    timeout=self.timeout_s,
+                )
+
+            self.all(kind, configure, self.timeout_s)
+        self.workers = [rpc.WorkerStub(self._channel(a)) for a in addresses["worker"]]
+        self.shards = [rpc.MemoryXStub(self._channel(a)) for a in addresses["memoryx"]]
+        for c in old:  # the interrupted attempt's calls still waiting end now (CANCELLED)
+            c.close()
+
+    def probe(self, roles: list[RoleSpec], timeout_s: float) -> dict[RoleSpec, pb.HealthReply | None]:
+        """Each role's Health reply, or None where it does not answer within ``timeout_s`` (hung)."""
+
+        def health(role: RoleSpec) -> pb.HealthReply | None:
+            channel = open_channel(self.addresses[role.kind][role.index], self.credential, self.generation)
+            try:
+                return rpc.ControlStub(channel).Health(pb.Empty(), timeout=timeout_s)
+            except grpc.RpcError:
+                return None
+            finally:
+                channel.close()
+
+        return dict(zip(roles, self._pool.map(health, roles), strict=True))
+
+    def shard_steps(self, timeout_s: float) -> list[int | None]:
+        """How many steps each MemoryX shard has applied (None: it did not answer)."""
+        roles = [RoleSpec("memoryx", i) for i in range(self.plan.counts()["memoryx"])]
+        replies = self.probe(roles, timeout_s)
+        return [None if (r := replies[role]) is None else int(r.state_step) for role in roles]

@@ -1,0 +1,337 @@
+"""Fault recovery on Kubernetes against the fake API server with the real client: which roles are dead
+(deleted, being deleted, evicted, failed) and how ``restart`` replaces a role's pod with the same one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.appliance import TINY
+from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.kubernetes.manifests import ClusterConfig
+from weightstream.params import load_params
+from weightstream.plan import make_plan
+
+kubernetes = pytest.importorskip(
+    "kubernetes", reason="the kubernetes client is a dependency: pip install -e ."
+)
+from weightstream.backends.kubernetes.backend import KubernetesBackend  # noqa: E402
+
+CREDENTIAL = "5e" * 32
+RBAC = Path(__file__).parents[3] / "helm" / "weightstream" / "templates" / "rbac.yaml"
+WORKER_1 = RoleSpec("worker", 1)
+POD = "ws-job1-worker-1"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubernetesAPI]:
+    api = FakeKubernetesAPI()
+    yield api
+    api.close()
+
+
+def _backend(
+    fake: FakeKubernetesAPI, progress: list[str] | None = None, replace_timeout_s: float = 10.0
+) -> tuple[KubernetesBackend, list[RoleSpec]]:
+    params = load_params(TINY, overrides={"num_csx": 2})
+    cfg = kubernetes.client.Configuration(host=fake.url)
+    api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    backend = KubernetesBackend(
+        "job1",
+        params,
+        ClusterConfig(),
+        api=api,
+        on_progress=(progress if progress is not None else []).append,
+        poll_s=0.02,
+        replace_timeout_s=replace_timeout_s,
+    )
+    return backend, [RoleSpec(k, i) for k, i in make_plan(params).roles()]
+
+
+def _running(fake: FakeKubernetesAPI) -> None:
+    for p in fake.pods():
+        fake.set_pod_status(p["metadata"]["name"], running_ready())
+
+
+def _started(fake: FakeKubernetesAPI, progress: list[str] | None = None, **kw: Any) -> KubernetesBackend:
+    """A backend whose job's pods all run."""
+    backend, roles = _backend(fake, progress, **kw)
+    backend.start(roles, CREDENTIAL)
+    _running(fake)
+    backend.wait_ready(timeout_s=5)
+    return backend
+
+
+def _fresh(backend: KubernetesBackend) -> dict[RoleSpec, str]:
+    time.sleep(0.05)  # past poll_s: dead() asks the API server again
+    return backend.dead()
+
+
+def _identity(pod: dict[str, Any]) -> dict[str, Any]:
+    """What a replacement must share with the pod it replaces."""
+    meta = pod["metadata"]
+    return {k: meta[k] for k in ("name", "namespace", "labels", "ownerReferences")} | {"spec": pod["spec"]}
+
+
+def test_nothing_is_dead_before_start_while_pending_or_after_stop(fake: FakeKubernetesAPI) -> None:
+    backend, roles = _backend(fake)
+    assert backend.dead() == {} and backend.failures() == []  # no pod exists: none has been deleted
+    backend.start(roles, CREDENTIAL)
+    assert _fresh(backend) == {}  # created, pending: not dead
+    backend.stop()
+    assert _fresh(backend) == {} and backend.failures() == []  # stop() deleted them: not dead either
+
+
+def test_pods_a_failed_start_never_created_are_not_dead(fake: FakeKubernetesAPI) -> None:
+    backend, roles = _backend(fake)
+    # someone else's pod holds swarmx-0's name: start() stops there, before activation-0 and the workers
+    fake.handle("POST", "pods", "default", None, {}, {"metadata": {"name": "ws-job1-swarmx-0"}})
+    with pytest.raises(BackendError, match="cannot create Pod ws-job1-swarmx-0 in default: 409"):
+        backend.start(roles, CREDENTIAL)
+    assert {p["metadata"]["name"] for p in fake.pods()} == {f"ws-job1-{r.name}" for r in roles[:3]}
+    assert _fresh(backend) == {}
+    fake.delete_pod("ws-job1-memoryx-1", grace_s=0)  # but one it did create and that vanished is
+    assert list(_fresh(backend)) == [RoleSpec("memoryx", 1)]
+    backend.stop()
+
+
+def test_a_deleted_a_terminating_and_an_evicted_pod_are_dead(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    fake.delete_pod(POD, grace_s=0)  # kubectl delete --force
+    fake.delete_pod("ws-job1-memoryx-0")  # kubectl delete: the pod stays while its grace period runs
+    fake.set_pod_status(
+        "ws-job1-activation-0",
+        {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+    )
+    dead = _fresh(backend)
+    assert dead == {
+        RoleSpec("activation", 0): (
+            "activation-0 (pod ws-job1-activation-0) pod failed: Evicted: "
+            "The node was low on resource: memory."
+        ),
+        RoleSpec("memoryx", 0): "memoryx-0 (pod ws-job1-memoryx-0) being deleted",
+        WORKER_1: f"worker-1 (pod {POD}) deleted",
+    }
+    assert backend.failures() == list(dead.values())
+    backend.stop()
+    assert backend.dead() == {} and backend.failures() == []
+
+
+def test_failures_ask_the_api_server_at_most_once_per_poll(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    backend.poll_s = 0.5
+    fake.delete_pod(POD, grace_s=0)
+    backend.dead()
+    lists = len(fake.requests)
+    for _ in range(20):
+        assert backend.failures() == [f"worker-1 (pod {POD}) deleted"]
+        assert list(backend.dead()) == [WORKER_1]
+    assert len(fake.requests) == lists
+    backend.stop()
+
+
+def test_restart_recreates_a_deleted_pod_as_it_was(fake: FakeKubernetesAPI) -> None:
+    progress: list[str] = []
+    backend = _started(fake, progress)
+    addresses = backend.wait_ready(timeout_s=5)
+    before = fake.objects[("Pod", "default", POD)]
+    fake.delete_pod(POD, grace_s=0)
+    assert list(_fresh(backend)) == [WORKER_1]
+    backend.restart([WORKER_1])
+    after = fake.objects[("Pod", "default", POD)]
+    assert _identity(after) == _identity(before)  # same name, labels, owner, spec (the Secret's volume)
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    [vol] = [v for v in after["spec"]["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == "ws-job1-role-token"
+    assert f"replacing worker-1 (pod {POD})" in progress
+    assert backend.dead() == {}  # pending again, and not the "deleted" seen before the restart
+    fake.set_pod_status(POD, running_ready())
+    assert backend.wait_ready(timeout_s=5) == addresses  # DNS names: a replacement keeps its address
+    assert _fresh(backend) == {}
+    backend.stop()
+    assert fake.objects == {}
+
+
+def test_restart_deletes_a_pod_still_there_at_once_first(fake: FakeKubernetesAPI) -> None:
+    # a short timeout: deleting with the pod's own grace period (30s) would keep it there and fail this
+    backend = _started(fake, replace_timeout_s=1.0)
+    uid = fake.objects[("Pod", "default", POD)]["metadata"]["uid"]
+    seen = len(fake.requests)
+    backend.restart([WORKER_1])  # a hung role: its pod runs, and the coordinator gave up on it
+    path = f"/api/v1/namespaces/default/pods/{POD}"
+    calls = [r for r in fake.requests[seen:] if r[1] in (path, "/api/v1/namespaces/default/pods")]
+    assert calls[0] == ("DELETE", path) and calls[-1] == ("POST", "/api/v1/namespaces/default/pods")
+    assert fake.objects[("Pod", "default", POD)]["metadata"]["uid"] != uid
+    assert fake.objects[("Pod", "default", POD)]["status"]["phase"] == "Pending"
+    backend.stop()
+
+
+def test_restart_waits_for_a_pod_held_by_a_finalizer(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    uid = fake.objects[("Pod", "default", POD)]["metadata"]["uid"]
+    fake.set_pod_finalizers(POD, ["example.com/hold"])
+    errors: list[BaseException] = []
+
+    def restart() -> None:
+        try:
+            backend.restart([WORKER_1])
+        except BaseException as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    t = threading.Thread(target=restart)
+    t.start()
+    deadline = time.monotonic() + 5
+    while "deletionTimestamp" not in fake.objects[("Pod", "default", POD)]["metadata"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert t.is_alive() and fake.objects[("Pod", "default", POD)]["metadata"]["uid"] == uid
+    assert _fresh(backend) == {WORKER_1: f"worker-1 (pod {POD}) being deleted"}
+    fake.finish_deletion(POD)
+    t.join(timeout=5)
+    assert not t.is_alive() and errors == []
+    assert fake.objects[("Pod", "default", POD)]["metadata"]["uid"] != uid
+    backend.stop()
+
+
+def test_restart_gives_up_on_a_pod_that_does_not_go(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake, replace_timeout_s=0.3)
+    fake.set_pod_finalizers(POD, ["example.com/hold"])
+    with pytest.raises(
+        BackendError, match=rf"still present 0.3s after .*{POD} \(finalizers: example.com/hold\)"
+    ):
+        backend.restart([WORKER_1])
+    backend.stop()
+
+
+def test_a_replacement_that_cannot_run_fails_wait_ready_naming_it(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    backend.restart([WORKER_1])
+    crash = running_ready() | {"phase": "Running", "conditions": []}
+    crash["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}
+    }
+    fake.set_pod_status(POD, crash)
+    with pytest.raises(BackendError, match=rf"worker-1 \(pod {POD}\) CrashLoopBackOff: back-off"):
+        backend.wait_ready(timeout_s=5)
+    backend.stop()
+
+
+def test_restart_refuses_roles_it_never_started_and_after_stop(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    with pytest.raises(BackendError, match="cannot restart worker-7: this backend never created pod"):
+        backend.restart([RoleSpec("worker", 7)])
+    backend.stop()
+    with pytest.raises(BackendError, match="stopped"):
+        backend.restart([WORKER_1])
+    assert fake.objects == {}
+
+
+def test_the_charts_role_grants_every_verb_the_backend_uses(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    fake.delete_pod(POD, grace_s=0)
+    _fresh(backend)
+    backend.restart([WORKER_1, RoleSpec("memoryx", 0)])
+    backend.stop()
+    used: set[tuple[str, str, str]] = set()
+    for method, path in fake.requests:  # /api/v1/namespaces/<ns>/<resource>[/<name>]
+        parts = path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        resource, named = parts[parts.index("namespaces") + 2], len(parts) > parts.index("namespaces") + 3
+        verb = {"POST": "create", "GET": "get" if named else "list"}.get(method)
+        used.add((group, resource, verb or ("delete" if named else "deletecollection")))
+    # the rules are plain YAML (only the metadata is templated), so no Helm engine is needed to read them
+    role = RBAC.read_text().split("---")[0]
+    rules = yaml.safe_load(role[role.index("rules:") :])["rules"]
+    granted = {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert used <= granted, f"the backend calls what the chart's Role does not grant: {used - granted}"
+    assert ("", "pods", "delete") in used and ("", "pods", "list") in used
+
+
+def test_a_restart_that_stop_overtakes_leaves_no_pod_behind(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    fake.set_pod_finalizers(POD, ["example.com/hold"])
+    errors: list[BaseException] = []
+
+    def restart() -> None:
+        try:
+            backend.restart([WORKER_1])
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=restart)
+    t.start()
+    deadline = time.monotonic() + 5
+    while "deletionTimestamp" not in fake.objects[("Pod", "default", POD)]["metadata"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    backend.stop()  # the service shuts down while restart() waits for the old pod to go
+    t.join(timeout=5)
+    assert not t.is_alive() and [str(e) for e in errors] == ["stopped while replacing pods"]
+    assert fake.objects == {}
+
+
+@pytest.mark.parametrize(
+    "role,grace_s",
+    [
+        (WORKER_1, 0),  # kubectl delete --force: the process is killed, the pod gone at once
+        (RoleSpec("memoryx", 0), None),  # kubectl delete: SIGTERM, then the pod goes (the shard's state too)
+    ],
+)
+def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
+    fake: FakeKubernetesAPI,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    role: RoleSpec,
+    grace_s: int | None,
+) -> None:
+    """The coordinator, the Kubernetes backend and real role processes (the fake kubelet's): a role's
+    pod deleted mid-run is replaced under the same name, and the job goes on to its last step."""
+    from tests.k8s_fake_kubelet import FakeKubelet
+    from weightstream.backends.kubernetes import backend as backend_module
+    from weightstream.training.runner import JobRunner
+
+    kubelet = FakeKubelet(fake, tmp_path)
+    monkeypatch.setattr(backend_module, "role_addresses", kubelet.role_addresses)
+    params = load_params(
+        TINY,
+        overrides={"num_csx": 2, "max_steps": 30, "model_dir": str(tmp_path / "job"), "rpc_timeout_s": 20.0},
+    )
+    cfg = kubernetes.client.Configuration(host=fake.url)
+    api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    progress: list[str] = []
+    backend = KubernetesBackend(
+        "job1", params, ClusterConfig(), api=api, on_progress=progress.append, poll_s=0.1
+    )
+    events: list[dict[str, Any]] = []
+    deleted = threading.Event()
+
+    def on_event(event: dict[str, Any]) -> None:
+        events.append(event)
+        if event["event"] == "step" and event["step"] == 10 and not deleted.is_set():
+            deleted.set()
+            fake.delete_pod(f"ws-job1-{role.name}", grace_s=grace_s)
+
+    try:
+        summary = JobRunner(params, backend, on_event=on_event, job_id="job1").run()
+    finally:
+        backend.stop()
+        kubelet.close()
+    assert summary.final_step == 30 and deleted.is_set()
+    assert f"replacing {role.name} (pod ws-job1-{role.name})" in progress
+    [restart] = [e for e in events if e["event"] == "restart"]
+    assert restart["role"] == role.name and restart["reason"].endswith("deleted")  # or "being deleted"
+    assert fake.objects == {}
