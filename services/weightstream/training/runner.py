@@ -111,6 +111,11 @@ class JobRunner:
         the checkpoints written so far stay for a resume."""
         self.backend.stop()
 
+    @property
+    def addresses(self) -> dict[str, list[str]]:
+        """Every role's address, by kind, once the roles run (replacements included)."""
+        return self.roles.addresses
+
     def _emit(self, kind: str, **data: Any) -> None:
         self.on_event({"event": kind, **data})
 
