@@ -146,7 +146,7 @@ class Chaos:
             # the role's current process: a replacement's Popen takes its place in ``procs``, and the
             # schedule's spacing means it has been serving steps for a while already
             pid = self.backend.procs[inj.spec].pid
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, getattr(signal, inj.signal))
             self.injected.append((time.monotonic(), inj, pid))
             progress(f"{inj.signal} {inj.role} (pid {pid}) after step {inj.after_step}")
 

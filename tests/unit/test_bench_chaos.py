@@ -110,18 +110,20 @@ def test_summary_from_the_events_of_both_runs(tmp_path: Path) -> None:
     base = _run(tmp_path, "base", 10.0, base_steps, [5.0, 4.0])
     restart = {"event": "restart", "role_kind": "memoryx", "step": 2}
     events = [
-        *_steps(10.0, 14.0, 15.0, 16.0, 32.0, 33.0),  # normal gaps of 1 s; 4 s and 16 s around faults
+        *_steps(
+            10.0, 14.0, 15.0, 16.0, 32.0, 33.5
+        ),  # gaps 1, 1, 1.5 s (median 1); 4 s and 16 s around faults
         (11.0, {**restart, "role": "memoryx-0"}),
         (12.0, {"event": "recovered", "step": 0, "replay_steps": 1, "recovery_s": 0.5}),
         (30.2, {**restart, "role": "worker-0", "role_kind": "worker"}),
         (31.0, {"event": "recovered", "step": 4, "replay_steps": 0, "recovery_s": 1.5}),
-        (34.0, {**restart, "role": "memoryx-1"}),  # no injection of ours: detects nothing
+        (34.5, {**restart, "role": "memoryx-1"}),  # no injection of ours: detects nothing
     ]
     faulty = _run(tmp_path, "faulty", 30.0, sorted(events, key=lambda te: te[0]), [5.0, 4.0])
     faulty.injected = [
         (10.5, chaos.Injection(1, "memoryx-0", "SIGKILL"), 11),
         (16.2, chaos.Injection(4, "worker-0", "SIGSTOP"), 12),  # found by the RPC deadline
-        (33.5, chaos.Injection(6, "activation-0", "SIGKILL"), 13),  # never detected, no step after it
+        (34.0, chaos.Injection(6, "activation-0", "SIGKILL"), 13),  # never detected, no step after it
     ]
     s = chaos.summarize(base, faulty)
     assert s["faults"]["by_kind"] == {"memoryx": 1, "swarmx": 0, "activation": 1, "worker": 1}
@@ -159,5 +161,6 @@ def test_smoke_run_recovers_from_every_kind_of_fault_bit_for_bit(capsys: pytest.
     assert json.loads(capsys.readouterr().out) == result
     assert result["faults"]["total"] == 5 and result["faults"]["by_signal"]["SIGSTOP"] == 1
     assert result["restarts"] == 5 and result["undetected_faults"] == 0
+    assert result["detection_s_sigstop"] >= result["rpc_timeout_s"]  # a hang is found by the deadline
     assert result["replay_steps_total"] >= 3  # the first MemoryX kill rolls back to the seed's state
     assert result["bitwise_equal"] and result["losses_equal"]
