@@ -6,7 +6,6 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,6 @@ kubernetes = pytest.importorskip(
 from weightstream.backends.kubernetes.backend import KubernetesBackend, own_namespace  # noqa: E402
 
 CREDENTIAL = "5e" * 32  # a role token as the coordinator makes them: 64 hex digits
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubernetesAPI]:
-    api = FakeKubernetesAPI()
-    yield api
-    api.close()
 
 
 def _backend(

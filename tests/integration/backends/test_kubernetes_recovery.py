@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,6 @@ CREDENTIAL = "5e" * 32
 RBAC = Path(__file__).parents[3] / "helm" / "weightstream" / "templates" / "rbac.yaml"
 WORKER_1 = RoleSpec("worker", 1)
 POD = "ws-job1-worker-1"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubernetesAPI]:
-    api = FakeKubernetesAPI()
-    yield api
-    api.close()
 
 
 def _backend(
