@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightstream.backends.base import Backend, BackendError, RoleSpec
-from weightstream.plan import Plan
+from weightstream.backends.base import BackendError, RoleSpec
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.roles import RolePlane
 
@@ -126,19 +125,17 @@ class Recovery:
 
     def __init__(
         self,
-        backend: Backend,
-        plan: Plan,
         roles: RolePlane,
         budget: RestartBudget,
         log: logging.Logger,
         emit: Callable[..., None],
         cancelled: threading.Event,
         wait_ready: Callable[[], dict[str, list[str]]],
-        rpc_timeout_s: float,
     ) -> None:
-        self.backend, self.plan, self.roles, self.budget, self.log = backend, plan, roles, budget, log
+        self.roles, self.budget, self.log = roles, budget, log
+        self.backend, self.plan = roles.backend, roles.plan
         self.emit, self.cancelled, self.wait_ready = emit, cancelled, wait_ready
-        self.probe_s = min(PROBE_TIMEOUT_S, rpc_timeout_s)
+        self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
 
     def recover(
         self, fault: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
@@ -158,20 +155,21 @@ class Recovery:
             except RoleFault as again:
                 error = again
 
-    def _lost(self) -> tuple[dict[RoleSpec, str], set[RoleSpec]]:
-        """Roles the backend reports dead, and roles that do not answer (killed by the restart)."""
+    def _lost(self) -> dict[RoleSpec, str]:
+        """Roles the backend reports dead, and roles that do not answer (the restart kills them), each
+        with how it was lost."""
         dead = self.backend.dead()
         alive = [RoleSpec(k, i) for k, i in self.plan.roles() if RoleSpec(k, i) not in dead]
         replies = self.roles.probe(alive, self.probe_s)
         hung = {r for r in alive if replies[r] is None}
         how = f"did not answer a health check within {self.probe_s:g}s (hung); killed"
-        return {**dead, **{r: f"{r.name} {how}" for r in hung}}, hung
+        return {**dead, **{r: f"{r.name} {how}" for r in hung}}
 
     def _once(
         self, error: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
     ) -> int:
         t0 = time.monotonic()
-        lost, _ = self._lost()
+        lost = self._lost()
         backoff = self.budget.admit(lost, at, error)  # raises JobFailed past the budget
         for role, how in lost.items():
             self.log.warning("step %d: %s; replacing it", at + 1, how)

@@ -145,15 +145,7 @@ class JobRunner:
         )
         self.recovery_point: tuple[int, Path | None] = (start_step, resume[1] if resume else None)
         self.recovery = Recovery(
-            self.backend,
-            self.plan,
-            self.roles,
-            self.budget,
-            self.log,
-            self._emit,
-            self._cancelled,
-            self._wait_ready,
-            self.rc.rpc_timeout_s,
+            self.roles, self.budget, self.log, self._emit, self._cancelled, self._wait_ready
         )
         try:
             if self._cancelled.is_set():
