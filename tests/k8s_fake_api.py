@@ -206,20 +206,16 @@ class FakeKubernetesAPI:
             return [o for (k, n, _), o in self.objects.items() if k == kind and n == ns]
 
 
+def container_status(state: dict[str, Any], ready: bool = False) -> dict[str, Any]:
+    """The status of a pod's one container, as a kubelet reports it, in ``state``."""
+    return {"name": "c", "ready": ready, "restartCount": 0, "image": "i", "imageID": "", "state": state}
+
+
 def running_ready() -> dict[str, Any]:
     return {
         "phase": "Running",
         "conditions": [{"type": "Ready", "status": "True"}],
-        "containerStatuses": [
-            {
-                "name": "c",
-                "ready": True,
-                "restartCount": 0,
-                "image": "i",
-                "imageID": "",
-                "state": {"running": {}},
-            }
-        ],
+        "containerStatuses": [container_status({"running": {}}, ready=True)],
     }
 
 

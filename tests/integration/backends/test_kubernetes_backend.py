@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.appliance import TINY
-from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
+from tests.k8s_fake_api import FakeKubernetesAPI, container_status, running_ready
 from weightstream.backends.base import BackendError, RoleSpec
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.params import load_params
@@ -116,14 +116,7 @@ def test_the_coordinators_namespace_is_read_from_its_service_account(tmp_path: P
             {
                 "phase": "Pending",
                 "containerStatuses": [
-                    {
-                        "name": "c",
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "i",
-                        "imageID": "",
-                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}},
-                    }
+                    container_status({"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}})
                 ],
             },
             "ImagePullBackOff",
@@ -132,14 +125,7 @@ def test_the_coordinators_namespace_is_read_from_its_service_account(tmp_path: P
             {
                 "phase": "Failed",
                 "containerStatuses": [
-                    {
-                        "name": "c",
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "i",
-                        "imageID": "",
-                        "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
-                    }
+                    container_status({"terminated": {"reason": "OOMKilled", "exitCode": 137}})
                 ],
             },
             "OOMKilled",
@@ -164,14 +150,7 @@ def test_the_coordinators_namespace_is_read_from_its_service_account(tmp_path: P
                 "reason": "Evicted",
                 "message": "The node was low on resource: memory.",
                 "containerStatuses": [
-                    {
-                        "name": "c",
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "i",
-                        "imageID": "",
-                        "state": {"terminated": {"reason": "ContainerStatusUnknown", "exitCode": 137}},
-                    }
+                    container_status({"terminated": {"reason": "ContainerStatusUnknown", "exitCode": 137}})
                 ],
             },
             "pod failed: Evicted: The node was low on resource: memory.",

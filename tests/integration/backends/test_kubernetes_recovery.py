@@ -165,16 +165,17 @@ def test_restart_deletes_a_pod_still_there_at_once_first(fake: FakeKubernetesAPI
     backend.stop()
 
 
-def test_restart_waits_for_a_pod_held_by_a_finalizer(fake: FakeKubernetesAPI) -> None:
-    backend = _started(fake)
-    uid = fake.objects[("Pod", "default", POD)]["metadata"]["uid"]
-    fake.set_pod_finalizers(POD, ["example.com/hold"])
+def _restart_held_pod(
+    backend: KubernetesBackend, fake: FakeKubernetesAPI
+) -> tuple[threading.Thread, list[BaseException]]:
+    """``restart`` of worker-1, whose pod a finalizer holds, in a thread; returns once the pod is marked
+    for deletion (the restart then waits for it to go). Errors land in the list, not lost in the thread."""
     errors: list[BaseException] = []
 
     def restart() -> None:
         try:
             backend.restart([WORKER_1])
-        except BaseException as e:  # reported by the test, not lost in the thread
+        except BaseException as e:
             errors.append(e)
 
     t = threading.Thread(target=restart)
@@ -183,6 +184,14 @@ def test_restart_waits_for_a_pod_held_by_a_finalizer(fake: FakeKubernetesAPI) ->
     while "deletionTimestamp" not in fake.objects[("Pod", "default", POD)]["metadata"]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    return t, errors
+
+
+def test_restart_waits_for_a_pod_held_by_a_finalizer(fake: FakeKubernetesAPI) -> None:
+    backend = _started(fake)
+    uid = fake.objects[("Pod", "default", POD)]["metadata"]["uid"]
+    fake.set_pod_finalizers(POD, ["example.com/hold"])
+    t, errors = _restart_held_pod(backend, fake)
     time.sleep(0.2)
     assert t.is_alive() and fake.objects[("Pod", "default", POD)]["metadata"]["uid"] == uid
     assert _fresh(backend) == {WORKER_1: f"worker-1 (pod {POD}) being deleted"}
@@ -256,20 +265,7 @@ def test_the_charts_role_grants_every_verb_the_backend_uses(fake: FakeKubernetes
 def test_a_restart_that_stop_overtakes_leaves_no_pod_behind(fake: FakeKubernetesAPI) -> None:
     backend = _started(fake)
     fake.set_pod_finalizers(POD, ["example.com/hold"])
-    errors: list[BaseException] = []
-
-    def restart() -> None:
-        try:
-            backend.restart([WORKER_1])
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=restart)
-    t.start()
-    deadline = time.monotonic() + 5
-    while "deletionTimestamp" not in fake.objects[("Pod", "default", POD)]["metadata"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    t, errors = _restart_held_pod(backend, fake)
     backend.stop()  # the service shuts down while restart() waits for the old pod to go
     t.join(timeout=5)
     assert not t.is_alive() and [str(e) for e in errors] == ["stopped while replacing pods"]
