@@ -16,11 +16,13 @@ by MemoryX (which writes its shard's files) and by the job service (which lists 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
     "TRAINER_STATE",
     "checkpoint_dir",
+    "checkpoint_files",
     "complete_checkpoints",
     "confine_checkpoint",
     "last_checkpoint",
@@ -60,6 +62,35 @@ def shard_file_name(prefix: str, shard: int, num_shards: int) -> str:
     if num_shards == 1:
         return f"{prefix}.safetensors"
     return f"{prefix}-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+
+
+def checkpoint_files(
+    prefix: str, shards: Sequence[Sequence[tuple[str, int]]], max_bytes: int
+) -> list[list[tuple[str, list[str]]]]:
+    """Which file each tensor goes to, per MemoryX shard: ``shards[i]`` lists shard i's (tensor, bytes) in
+    the order it writes them; they fill files of at most ``max_bytes`` (a larger tensor gets a file of its
+    own, as ``save_pretrained(max_shard_size=...)`` does), numbered across all shards in order with
+    Hugging Face's names. Coordinator and shards compute it alike from the params, so they agree."""
+    grouped: list[list[list[str]]] = []
+    for tensors in shards:
+        files: list[list[str]] = []
+        size = 0
+        for name, nbytes in tensors:
+            if not files or (size + nbytes > max_bytes and files[-1]):
+                files.append([])
+                size = 0
+            files[-1].append(name)
+            size += nbytes
+        grouped.append(files or [[]])  # a shard with no tensors still writes its (empty) file
+    total = sum(len(files) for files in grouped)
+    out: list[list[tuple[str, list[str]]]] = []
+    j = 0
+    for files in grouped:
+        out.append([])
+        for names in files:
+            out[-1].append((shard_file_name(prefix, j, total), names))
+            j += 1
+    return out
 
 
 def complete_checkpoints(model_dir: Path) -> list[tuple[int, Path]]:

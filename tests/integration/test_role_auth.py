@@ -26,7 +26,6 @@ from google.protobuf.descriptor import MethodDescriptor
 
 from tests.integration.appliance import TINY
 from weightstream.backends.local import LocalProcessBackend
-from weightstream.checkpoint_layout import shard_file_name
 from weightstream.params import load_params
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.training.runner import JobRunner, RunSummary
@@ -214,11 +213,9 @@ def hostile(rng: random.Random, method: MethodDescriptor, tmp: Path) -> list[byt
         outside = tmp / "elsewhere"
         outside.mkdir(exist_ok=True)
         targets = [str(outside), str(tmp / "fuzzed" / ".." / "elsewhere")]
-        names = [("model.safetensors", "optimizer.safetensors")]  # one shard's names, and each of two's
-        names += [(shard_file_name("model", i, 2), shard_file_name("optimizer", i, 2)) for i in range(2)]
         return [
-            pb.CheckpointRequest(step=0, directory=d, model_file=m, optimizer_file=o).SerializeToString()
+            pb.CheckpointRequest(step=0, directory=d, weights_only=w).SerializeToString()
             for d in targets
-            for m, o in names
+            for w in (False, True)
         ]
     return []

@@ -112,14 +112,21 @@ def test_reduce_rejects_duplicates_and_bad_children() -> None:
         node.push_grads(0, 0, 2, {"w": np.zeros(1, dtype=np.float32)})
 
 
-def _shard(tmp_path: Path | None = None) -> tuple[MemoryXShard, object]:
+def _shard(storage: Path | None = None) -> tuple[MemoryXShard, object]:
     p = load_params(TINY)
     model = model_def(p)
-    return MemoryXShard(model, optimizer_config(p.optimizer), list(model.specs), seed=7, timeout_s=2), model
+    opt = optimizer_config(p.optimizer)
+    return MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=2, storage_dir=storage), model
 
 
-def test_memoryx_step_protocol(rng) -> None:
-    shard, model = _shard()
+@pytest.fixture(params=["memory", "disk"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """A shard's tensors in RAM, or in files under tmp_path (runconfig.memoryx_storage: disk)."""
+    return tmp_path / "memoryx" if request.param == "disk" else None
+
+
+def test_memoryx_step_protocol(rng, storage: Path | None) -> None:
+    shard, model = _shard(storage)
     before = {n: w.copy() for n, w in shard.tensors(0, list(model.specs))}
     for u, unit in enumerate(model.units):
         shard.add_gradient(
@@ -137,8 +144,10 @@ def test_memoryx_step_protocol(rng) -> None:
         shard.add_gradient(0, 0, {})
 
 
-def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(rng) -> None:
-    shard, model = _shard()
+def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(
+    rng, storage: Path | None
+) -> None:
+    shard, model = _shard(storage)
     for u, unit in enumerate(model.units[:-1]):  # the head's gradient (with its share of wte) is missing
         shard.add_gradient(0, u, {n: np.ones(model.specs[n].shape, np.float32) for n in unit.param_names})
     with pytest.raises(TimeoutError, match=r"transformer.wte.weight.*\[3\]"):
@@ -149,7 +158,7 @@ def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(r
         shard.add_gradient(0, 3, {"transformer.ln_f.weight": np.ones(5, np.float32)})
 
 
-def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng) -> None:
+def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng, storage: Path | None) -> None:
     """ApplyUpdate's magnitude, not only that weights moved: a shard holding every tensor of TINY, fed a
     known gradient for every unit, clips and steps exactly as torch.optim.AdamW (TINY's betas, eps and
     weight decay) does on the same initial weights with the same summed, clipped gradients, for two
@@ -158,7 +167,7 @@ def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng) -> None:
     torch = pytest.importorskip(
         "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
     )
-    shard, model = _shard()
+    shard, model = _shard(storage)
     opt = optimizer_config(load_params(TINY).optimizer)
     assert (opt.kind, opt.betas, opt.weight_decay) == ("adamw", (0.9, 0.95), 0.01)  # what TINY asks for
     names = list(model.specs)
@@ -189,12 +198,16 @@ def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng) -> None:
         for group in torch_opt.param_groups:
             group["lr"] = lr
         torch_opt.step()
-        weights, state, at = shard.snapshot()
-        assert at == step + 1
+        assert shard.step == step + 1
         for n, p in ref.items():
-            assert_allclose(weights[n], p.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{n}, step {step}")
+            got = shard.weight(n)
+            assert_allclose(got, p.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{n}, step {step}")
+            state = shard.state(n)
             for k in ("exp_avg", "exp_avg_sq"):
                 expected = torch_opt.state[p][k].numpy()
-                assert_allclose(
-                    state[f"{n}.{k}"], expected, rtol=1e-6, atol=1e-9, err_msg=f"{n}.{k}, step {step}"
-                )
+                assert_allclose(state[k], expected, rtol=1e-6, atol=1e-9, err_msg=f"{n}.{k}, step {step}")
+    if storage is not None:  # the tensors are in files there, and the files hold what the shard returns
+        w = "transformer.h.0.attn.c_attn.weight"
+        on_disk = np.fromfile(storage / f"{w}.f32", dtype=np.float32).reshape(model.specs[w].shape)
+        assert np.array_equal(on_disk, shard.weight(w))
+        assert (storage / f"{w}.exp_avg_sq.f32").stat().st_size == on_disk.nbytes

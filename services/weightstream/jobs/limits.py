@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from weightstream.params import Params, Problem
@@ -177,4 +178,19 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
                 "--max-job-seconds",
             )
         )
+    if rc.memoryx_dir is not None and not _inside(Path(rc.model_dir), rc.memoryx_dir):
+        # the shards empty and delete their directory there: it must be the job's own
+        problems.append(
+            Problem(
+                "runconfig.memoryx_dir",
+                "must lie inside the job's own directory (a relative path, taken from model_dir)",
+                rc.memoryx_dir,
+            )
+        )
     return problems
+
+
+def _inside(root: Path, path: str) -> bool:
+    real_root = root.resolve()
+    real = (root / path).resolve()  # an absolute path replaces root; symlinks and ".." are followed
+    return real != real_root and real.is_relative_to(real_root)

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 
-from weightstream.checkpoint_layout import confine_checkpoint, shard_file_name
+from weightstream.checkpoint_layout import checkpoint_files, confine_checkpoint
 from weightstream.memoryx.shard import MemoryXShard
-from weightstream.memoryx.storage import write_safetensors
+from weightstream.numerics.optim import state_names
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -36,17 +37,32 @@ def build(job: JobSpec) -> MemoryXShard:
     model = model_def(params)
     plan = Plan.from_dict(job.plan)
     names = [n for n in model.specs if plan.tensor_shard[n] == job.index]
-    model_dir = params.runconfig.model_dir
-    resume = str(confine_checkpoint(model_dir, job.resume_dir)) if job.resume_dir is not None else None
+    rc = params.runconfig
+    resume = str(confine_checkpoint(rc.model_dir, job.resume_dir)) if job.resume_dir is not None else None
+    storage = storage_dir(rc.model_dir, rc.memoryx_dir, job.index) if rc.memoryx_storage == "disk" else None
+    if storage is not None:
+        log.info("shard %d keeps its tensors in %s", job.index, storage)
+        try:
+            storage.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"runconfig.memoryx_dir: cannot make {storage.parent}: {e.strerror}") from e
     return MemoryXShard(
         model,
         optimizer_config(params.optimizer),
         names,
-        params.runconfig.seed,
-        params.runconfig.rpc_timeout_s,
+        rc.seed,
+        rc.rpc_timeout_s,
         resume,
+        storage_dir=storage,
         generation=job.generation,
     )
+
+
+def storage_dir(model_dir: str, memoryx_dir: str | None, index: int) -> Path:
+    """Shard ``index``'s own directory for disk mode: under ``memoryx_dir`` (relative paths are taken from
+    ``model_dir``; default ``model_dir/.memoryx``)."""
+    base = Path(model_dir) / (memoryx_dir if memoryx_dir is not None else ".memoryx")
+    return base / f"shard_{index}"
 
 
 def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
@@ -59,16 +75,19 @@ def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
     return shard
 
 
-def checkpoint_files(job: JobSpec, request: pb.CheckpointRequest) -> tuple[Path, Path]:
-    """Where this shard writes its model and optimizer files for ``request``: only inside the job's own
-    partial checkpoint directory, under the names its index gives; any other request is refused."""
-    rc = job.params["runconfig"]
-    directory = confine_checkpoint(rc["model_dir"], request.directory, request.step)
-    k = rc["num_wgt_servers"]
-    files = shard_file_name("model", job.index, k), shard_file_name("optimizer", job.index, k)
-    if (request.model_file, request.optimizer_file) != files:
-        raise PermissionError(f"shard {job.index} of {k} writes {files[0]} and {files[1]}, nothing else")
-    return directory / files[0], directory / files[1]
+def shard_checkpoint_files(job: JobSpec, prefix: str) -> list[tuple[str, list[str]]]:
+    """This shard's files of ``prefix`` (model or optimizer) and the tensors in each, as every shard and
+    the coordinator compute them from the params (``checkpoint_layout.checkpoint_files``)."""
+    params = load_params(job.params)
+    model = model_def(params)
+    plan = Plan.from_dict(job.plan)
+    k = params.runconfig.num_wgt_servers
+    suffixes = [""] if prefix == "model" else [f".{s}" for s in state_names(params.optimizer.optimizer_type)]
+    shards: list[list[tuple[str, int]]] = [[] for _ in range(k)]
+    for n, spec in model.specs.items():
+        nbytes = 4 * int(np.prod(spec.shape, dtype=np.int64))
+        shards[plan.tensor_shard[n]].extend((n + s, nbytes) for s in suffixes)
+    return checkpoint_files(prefix, shards, params.runconfig.checkpoint_max_shard_size)[job.index]
 
 
 class MemoryXServicer:
@@ -85,7 +104,7 @@ class MemoryXServicer:
         try:
             tensors = shard.tensors(request.step, list(request.names))
             bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
-            crcs = None if bf16 else shard.checksums(list(request.names))
+            crcs = None if bf16 else shard.checksums(tensors)
         except Exception as e:
             abort_on_error(context, e)
         yield from tensor_messages(tensors, bf16=bf16, crcs=crcs)
@@ -123,16 +142,27 @@ class MemoryXServicer:
     ) -> pb.CheckpointReply:
         shard = self._shard(context)
         try:
-            assert self.host.job is not None  # configured: _shard() aborts otherwise
-            model_path, optimizer_path = checkpoint_files(self.host.job, request)
-            weights, state, step = shard.snapshot()
-            if step != request.step:
-                raise ValueError(f"checkpoint of step {request.step} requested, shard is at step {step}")
-            write_safetensors(model_path, weights)
-            write_safetensors(optimizer_path, state)
+            job = self.host.job
+            assert job is not None  # configured: _shard() aborts otherwise
+            # only inside the job's own partial checkpoint directory, under names the layout gives
+            directory = confine_checkpoint(
+                job.params["runconfig"]["model_dir"], request.directory, request.step
+            )
+            model = shard_checkpoint_files(job, "model")
+            optimizer = [] if request.weights_only else shard_checkpoint_files(job, "optimizer")
+            shard.write_checkpoint(
+                request.step,
+                [(directory / f, names) for f, names in model],
+                [(directory / f, names) for f, names in optimizer],
+            )
         except Exception as e:
             abort_on_error(context, e)
-        return pb.CheckpointReply(tensor_names=list(weights), state_names=list(state))
+        return pb.CheckpointReply(
+            tensor_names=[n for _, names in model for n in names],
+            state_names=[n for _, names in optimizer for n in names],
+            model_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in model],
+            optimizer_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in optimizer],
+        )
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:

@@ -7,6 +7,11 @@ Step protocol (the coordinator drives it, each call with a deadline):
                           result is the same whatever order they arrived in), returns the sum of squares
   apply_update(step, ..)  clip, optimizer step; idempotent: a repeated call for an applied step is a no-op
 
+Where the tensors live is a ``store``: RAM (``MemoryStore``) or files read and written in blocks
+(``DiskStore``, ``runconfig.memoryx_storage: disk``). Every operation streams through the store tensor by
+tensor or block by block, initialisation, loading and checkpoint writing included, so in disk mode the
+shard's resident memory is bounded by the tensors of one unit in flight, whatever the model's size.
+
 Fault recovery: ``reset(generation)`` keeps the weights and optimizer state and drops the gradients of an
 interrupted step; from then on gradients, norms and updates of any other generation are refused (checked
 under the shard's lock, so a push of the old attempt can never land after the reset).
@@ -14,7 +19,7 @@ under the shard's lock, so a push of the old attempt can never land after the re
 
 from __future__ import annotations
 
-import shutil
+import logging
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -22,13 +27,22 @@ from pathlib import Path
 
 import numpy as np
 
-from weightstream.memoryx.storage import load_tensors
+from weightstream.memoryx.storage import (
+    NonFiniteError,
+    TensorSource,
+    iter_tensors,
+    read_step,
+    write_safetensors,
+)
+from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
-from weightstream.numerics.optim import grad_sq_sum, init_state, optimizer_step, state_names
+from weightstream.numerics.optim import add_sq_sum, optimizer_step, state_names
 from weightstream.transport.fencing import check_generation
 
 __all__ = ["MemoryXShard", "StaleStepError"]
+
+log = logging.getLogger("weightstream.memoryx")
 
 
 class StaleStepError(ValueError):
@@ -47,69 +61,68 @@ class MemoryXShard:
         storage_dir: Path | None = None,
         generation: int = 0,
     ) -> None:
-        """``storage_dir``: keep weights and optimizer state in memory-mapped files there instead of RAM,
-        so a shard can hold more than the machine's memory (the page cache keeps the hot part)."""
+        """``storage_dir``: keep weights, optimizer state and gradients in files there instead of RAM, so
+        a shard can hold more than the machine's memory (the kernel's page cache keeps the hot part)."""
         self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
-        self.storage_dir = storage_dir
-        if storage_dir is not None:
-            storage_dir.mkdir(parents=True, exist_ok=True)
+        self.store: TensorStore = DiskStore(storage_dir) if storage_dir is not None else MemoryStore()
+        self.state_keys = {n: [f"{n}.{k}" for k in state_names(opt.kind)] for n in self.names}
         # which units contribute a gradient to each tensor (two for a tied embedding)
         self.users = {
             n: tuple(u for u, unit in enumerate(model.units) if n in unit.param_names) for n in self.names
         }
         self.step = 0
         self.generation = generation
-        if resume_dir is None:
-            self.weights = {
-                n: self._place(f"{n}.weight", init_tensor(model.specs[n], seed)) for n in self.names
-            }
-            self.state = {
-                n: {
-                    k: self._place(f"{n}.{k}", v)
-                    for k, v in init_state(opt.kind, model.specs[n].shape).items()
-                }
-                for n in self.names
-            }
-        else:
-            weights, state, self.step = self._load(resume_dir)
-            self.weights = {n: self._place(f"{n}.weight", w) for n, w in weights.items()}
-            self.state = {
-                n: {k: self._place(f"{n}.{k}", v) for k, v in st.items()} for n, st in state.items()
-            }
-        self._pending: dict[str, dict[int, np.ndarray]] = {n: {} for n in self.names}
-        self._grads: dict[str, np.ndarray] | None = None  # summed, once complete
-        self._crcs: dict[
-            str, int
-        ] = {}  # checksums of the current weights: sent twice per step, computed once
+        try:
+            if resume_dir is None:
+                for n in self.names:  # one tensor at a time, straight into the store
+                    self.store.put(n, init_tensor(model.specs[n], seed))
+                    for key in self.state_keys[n]:
+                        self.store.zeros(key, model.specs[n].shape)
+            else:
+                self._load(resume_dir)
+        except BaseException:
+            self.store.close()
+            raise
+        self._pending: dict[str, set[int]] = {n: set() for n in self.names}  # units whose gradient is in
+        self._summed: set[str] = set()  # tensors whose gradient is complete in "<name>.grad"
+        self._sq_sum: float | None = None  # of this step's gradients, once complete
+        self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
 
-    def _place(self, key: str, value: np.ndarray) -> np.ndarray:
-        """``value`` itself in memory mode; a memory-mapped file holding a copy of it in disk mode."""
-        if self.storage_dir is None:
-            return value
-        mm = np.memmap(self.storage_dir / f"{key}.f32", dtype=np.float32, mode="w+", shape=value.shape)
-        mm[...] = value
-        return mm
+    def _load(self, resume_dir: str) -> None:
+        for n, w in iter_tensors(resume_dir, "model", self.names):
+            self.store.put(n, w)
+        keys = [k for n in self.names for k in self.state_keys[n]]
+        for key, v in iter_tensors(resume_dir, "optimizer", keys):
+            self.store.put(key, v)
+        self.step = read_step(resume_dir)
+
+    def _drop_gradients(self) -> None:
+        for n in self.names:
+            for u in self._pending[n]:
+                self.store.drop(f"{n}.grad.{u}")
+            self.store.drop(f"{n}.grad")
+            self._pending[n] = set()
+        self._summed = set()
+        self._sq_sum = None
 
     def reset(self, generation: int) -> None:
         """Forget the gradients of the step in progress and accept only calls of ``generation`` from now
         on: the coordinator re-runs that step after a fault elsewhere. Weights and state stay."""
         with self._cond:
             self.generation = generation
-            self._pending = {n: {} for n in self.names}
-            self._grads = None
+            self._drop_gradients()
             self._cond.notify_all()  # waiters of the old generation wake up and give up
 
     def close(self) -> None:
         """Disk mode: the files are scratch (checkpoints are the durable copy); remove them."""
-        if self.storage_dir is not None:
-            self.weights, self.state = {}, {}
-            shutil.rmtree(self.storage_dir, ignore_errors=True)
+        with self._cond:
+            self.store.close()
 
     # -- streaming out -------------------------------------------------------------------------------------
     def tensors(self, step: int, names: Sequence[str]) -> list[tuple[str, np.ndarray]]:
-        """The weights after ``step`` updates. Arrays are shared, not copied: they are only replaced in
-        place under the lock after every reader of this step is done (the coordinator's ordering)."""
+        """The weights after ``step`` updates. In memory mode the arrays are shared, not copied: they are
+        only replaced in place after every reader of this step is done (the coordinator's ordering)."""
         with self._cond:
             if not self._cond.wait_for(lambda: self.step >= step, timeout=self.timeout_s):
                 raise TimeoutError(
@@ -117,19 +130,26 @@ class MemoryXShard:
                 )
             if self.step != step:
                 raise StaleStepError(f"weights of step {step} requested, shard is at step {self.step}")
-            missing = [n for n in names if n not in self.weights]
+            missing = [n for n in names if n not in self.users]
             if missing:
                 raise KeyError(f"tensors not on this shard: {missing}")
-            return [(n, self.weights[n]) for n in names]
+        return [(n, self.store.get(n)) for n in names]  # disk: read outside the lock
 
-    def checksums(self, names: Sequence[str]) -> dict[str, int]:
-        """crc32 of the named weights as they are now (cached until the next update)."""
+    def weight(self, name: str) -> np.ndarray:
+        return self.store.get(name)
+
+    def state(self, name: str) -> dict[str, np.ndarray]:
+        """The optimizer state buffers of tensor ``name``, by torch's names."""
+        return {key.rsplit(".", 1)[1]: self.store.get(key) for key in self.state_keys[name]}
+
+    def checksums(self, tensors: Sequence[tuple[str, np.ndarray]]) -> dict[str, int]:
+        """crc32 of ``tensors`` (as ``tensors()`` returned them), cached until the next update."""
         with self._cond:
-            missing = [n for n in names if n not in self._crcs]
-        fresh = {n: zlib.crc32(memoryview(self.weights[n].reshape(-1).view(np.uint8))) for n in missing}
+            missing = [(n, t) for n, t in tensors if n not in self._crcs]
+        fresh = {n: zlib.crc32(memoryview(t.reshape(-1).view(np.uint8))) for n, t in missing}
         with self._cond:
             self._crcs.update(fresh)
-            return {n: self._crcs[n] for n in names}
+            return {n: self._crcs[n] for n, _ in tensors}
 
     # -- gradients in --------------------------------------------------------------------------------------
     def add_gradient(
@@ -146,29 +166,49 @@ class MemoryXShard:
                     raise ValueError(f"unit {unit} does not use {name!r}")
                 if unit in self._pending[name]:
                     raise ValueError(f"gradient of {name!r} from unit {unit} arrived twice in step {step}")
-                if g.shape != self.weights[name].shape:
+                if g.shape != self.model.specs[name].shape:
                     raise ValueError(
-                        f"gradient of {name!r} has shape {g.shape}, expected {self.weights[name].shape}"
+                        f"gradient of {name!r} has shape {g.shape}, expected {self.model.specs[name].shape}"
                     )
-                self._pending[name][unit] = g.astype(np.float32, copy=False)
+            for name, g in grads.items():
+                self.store.put(f"{name}.grad.{unit}", g.astype(np.float32, copy=False))
+                self._pending[name].add(unit)
             self._cond.notify_all()
 
     def _complete(self) -> bool:
         return all(len(self._pending[n]) == len(self.users[n]) for n in self.names)
+
+    def _sum_gradient(self, n: str) -> str:
+        """The key of tensor ``n``'s whole gradient: its one part, or the parts added in unit order."""
+        parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
+        if len(parts) == 1:
+            return parts[0]
+        self.store.zeros(f"{n}.grad", self.model.specs[n].shape)
+
+        def add(blocks: list[np.ndarray]) -> None:
+            total, first, *rest = blocks
+            total[...] = first
+            for p in rest:
+                total += p
+
+        self.store.update([f"{n}.grad", *parts], add, write=[f"{n}.grad"])
+        for p in parts:
+            self.store.drop(p)
+        return f"{n}.grad"
 
     def grad_sq_sum(self, step: int, generation: int = 0) -> float:
         with self._cond:
             check_generation(generation, self.generation, f"norm of step {step}")
             if step != self.step:
                 raise StaleStepError(f"norm of step {step} requested, shard is at step {self.step}")
-            if self._grads is None:
+            if self._sq_sum is None:
                 done = self._cond.wait_for(
                     lambda: self.generation != generation or self._complete(), timeout=self.timeout_s
                 )
                 check_generation(generation, self.generation, f"norm of step {step}")
                 if not done:
                     missing = {
-                        n: sorted(set(self.users[n]) - set(self._pending[n]))
+                        n: sorted(set(self.users[n]) - self._pending[n])
                         for n in self.names
                         if len(self._pending[n]) < len(self.users[n])
                     }
@@ -176,15 +216,15 @@ class MemoryXShard:
                         f"step {step}: gradients still missing after {self.timeout_s}s "
                         f"(tensor: units) {missing}"
                     )
-                grads = {}
+                total = 0.0
                 for n in self.names:
-                    parts = [self._pending[n][u] for u in self.users[n]]  # unit order, not arrival order
-                    g = parts[0].copy() if len(parts) > 1 else parts[0]
-                    for p in parts[1:]:
-                        g += p
-                    grads[n] = g
-                self._grads = grads
-            return sum(grad_sq_sum(g) for g in self._grads.values())
+                    per_tensor = 0.0
+                    for block in self.store.blocks(self._sum_gradient(n)):
+                        per_tensor = add_sq_sum(per_tensor, block)
+                    total += per_tensor
+                    self._summed.add(n)
+                self._sq_sum = total
+            return self._sq_sum
 
     def apply_update(self, step: int, lr: float, clip_coef: float, generation: int = 0) -> bool:
         """Apply the optimizer for ``step``. Returns False if it was applied already."""
@@ -194,37 +234,57 @@ class MemoryXShard:
             check_generation(generation, self.generation, f"update of step {step}")
             if step < self.step:
                 return False
-            if step > self.step or self._grads is None:
+            if step > self.step or self._sq_sum is None:
                 raise StaleStepError(f"update of step {step} requested, shard is at step {self.step}")
+            coef = np.float32(clip_coef)
+            names = state_names(self.opt.kind)
             for n in self.names:
-                g = self._grads[n]
-                if clip_coef != 1.0:
-                    g *= np.float32(clip_coef)
-                optimizer_step(self.opt, self.weights[n], g, self.state[n], step=step + 1, lr=lr)
-            self._grads = None
+                grad = f"{n}.grad" if len(self.users[n]) > 1 else f"{n}.grad.{self.users[n][0]}"
+
+                def update(blocks: list[np.ndarray]) -> None:
+                    w, g, *st = blocks
+                    if clip_coef != 1.0:
+                        g *= coef
+                    optimizer_step(self.opt, w, g, dict(zip(names, st, strict=True)), step=step + 1, lr=lr)
+
+                # block by block: weight, gradient and state in, weight and state back
+                self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])
+            self._drop_gradients()
             self._crcs = {}
-            self._pending = {n: {} for n in self.names}
             self.step += 1
+            if isinstance(self.store, DiskStore):  # what a step cost the disk, for operators and benches
+                st = self.store
+                log.info(
+                    "step %d applied: disk read %d B, written %d B, %.3f s in I/O (totals), %d B on disk",
+                    self.step,
+                    st.bytes_read,
+                    st.bytes_written,
+                    st.io_seconds,
+                    st.disk_bytes(),
+                )
             self._cond.notify_all()
             return True
 
     # -- checkpoints ---------------------------------------------------------------------------------------
-    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
-        """(weights, optimizer state flattened as '<tensor>.<state>', step), for writing a checkpoint.
-        Raises ValueError naming the tensors if any value is NaN or infinite: such a checkpoint is never
-        written (the coordinator stops a diverging run earlier; this holds whatever it does)."""
+    def write_checkpoint(
+        self,
+        step: int,
+        model_files: Sequence[tuple[Path, Sequence[str]]],
+        optimizer_files: Sequence[tuple[Path, Sequence[str]]],
+    ) -> None:
+        """Write the weights (and optimizer state, flattened as '<tensor>.<state>') of ``step`` into the
+        given files, streaming from the store. Raises ValueError naming the tensors if any value is NaN or
+        infinite: such a checkpoint is never written (the coordinator stops a diverging run earlier; this
+        holds whatever it does)."""
         with self._cond:
-            state = {f"{n}.{k}": v for n in self.names for k, v in self.state[n].items()}
-            weights = dict(self.weights)
-            bad = [n for n, t in (*weights.items(), *state.items()) if not np.isfinite(t).all()]
-            if bad:
-                shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-                raise ValueError(f"refusing to checkpoint step {self.step}: non-finite values in {shown}")
-            return weights, state, self.step
+            if step != self.step:
+                raise ValueError(f"checkpoint of step {step} requested, shard is at step {self.step}")
+            try:
+                for path, keys in (*model_files, *optimizer_files):
+                    write_safetensors(path, [self._source(k) for k in keys])
+            except NonFiniteError as e:
+                raise ValueError(f"refusing to checkpoint step {step}: {e}") from None
 
-    def _load(self, resume_dir: str) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]], int]:
-        weights, step = load_tensors(resume_dir, "model", self.names)
-        keys = [f"{n}.{k}" for n in self.names for k in state_names(self.opt.kind)]
-        flat, _ = load_tensors(resume_dir, "optimizer", keys)
-        state = {n: {k: flat[f"{n}.{k}"] for k in state_names(self.opt.kind)} for n in self.names}
-        return weights, state, step
+    def _source(self, key: str) -> TensorSource:
+        name = key if key in self.users else key.rsplit(".", 1)[0]
+        return key, self.model.specs[name].shape, lambda: self.store.blocks(key)

@@ -16,9 +16,11 @@ from typing import Literal
 import numpy as np
 
 __all__ = [
+    "SUM_BLOCK",
     "OptimizerConfig",
     "SchedulePiece",
     "adam_step",
+    "add_sq_sum",
     "clip_coefficient",
     "grad_sq_sum",
     "init_state",
@@ -198,10 +200,23 @@ def optimizer_step(
 # ---------------------------------------------------------------------------------------------------------
 # Global gradient-norm clipping, split so that each MemoryX shard computes its part
 # ---------------------------------------------------------------------------------------------------------
+# The sum of squares runs over fixed blocks of this many elements, each summed in float64 and added in
+# order: a MemoryX shard that reads a gradient from disk block by block (any multiple of this size) then
+# gets bitwise the sum that one holding it in RAM gets.
+SUM_BLOCK = 1 << 20
+
+
+def add_sq_sum(total: float, flat: np.ndarray) -> float:
+    """``total`` plus the sum of squares of ``flat`` (which starts on a SUM_BLOCK boundary)."""
+    for start in range(0, flat.size, SUM_BLOCK):
+        part = flat[start : start + SUM_BLOCK]
+        total += float(np.einsum("i,i->", part, part, dtype=np.float64))
+    return total
+
+
 def grad_sq_sum(grad: np.ndarray) -> float:
     """Sum of squares of one gradient, accumulated in float64 (a shard adds these up)."""
-    flat = grad.reshape(-1)
-    return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
+    return add_sq_sum(0.0, grad.reshape(-1))
 
 
 def clip_coefficient(sq_sums: Iterable[float], max_norm: float | None) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    ByteSize,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -169,7 +170,15 @@ class RunConfig(_Section):
     # stay on the worker through the step (one transfer per unit per step); auto: pipelined when the
     # model fits worker_memory_mb
     execution_mode: Literal["weight_streaming", "pipelined", "auto"] = "weight_streaming"
-    memoryx_storage: Literal["memory", "disk"] = "memory"  # disk: memory-mapped files under model_dir
+    # disk: each MemoryX shard keeps weights, optimizer state and the step's gradients in files under
+    # memoryx_dir (default model_dir/.memoryx), so the shards together can hold more than RAM
+    memoryx_storage: Literal["memory", "disk"] = "memory"
+    memoryx_dir: str | None = None
+    # false: checkpoints hold the weights only (loadable by Hugging Face, not resumable); halves their size
+    # and more for Adam
+    checkpoint_optimizer_state: bool = True
+    # the largest checkpoint file, as save_pretrained's max_shard_size ("5GB", "500MB", or bytes)
+    checkpoint_max_shard_size: ByteSize = ByteSize(5 * 10**9)
     rpc_timeout_s: PositiveFloat = 120.0  # deadline of every call and every wait between roles
     # fault recovery: how many role replacements a job may need in all before it fails, and how often the
     # MemoryX shards save a recovery snapshot (a lost shard rolls the job back to the newest snapshot or

@@ -114,24 +114,34 @@ class UpdateRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., learning_rate: _Optional[float] = ..., clip_coef: _Optional[float] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("step", "directory", "model_file", "optimizer_file")
+    __slots__ = ("step", "directory", "weights_only")
     STEP_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FILE_FIELD_NUMBER: _ClassVar[int]
-    OPTIMIZER_FILE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ONLY_FIELD_NUMBER: _ClassVar[int]
     step: int
     directory: str
-    model_file: str
-    optimizer_file: str
-    def __init__(self, step: _Optional[int] = ..., directory: _Optional[str] = ..., model_file: _Optional[str] = ..., optimizer_file: _Optional[str] = ...) -> None: ...
+    weights_only: bool
+    def __init__(self, step: _Optional[int] = ..., directory: _Optional[str] = ..., weights_only: _Optional[bool] = ...) -> None: ...
+
+class CheckpointFile(_message.Message):
+    __slots__ = ("name", "tensors")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tensors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., tensors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("tensor_names", "state_names")
+    __slots__ = ("tensor_names", "state_names", "model_files", "optimizer_files")
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
     STATE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FILES_FIELD_NUMBER: _ClassVar[int]
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
     state_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tensor_names: _Optional[_Iterable[str]] = ..., state_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    model_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    optimizer_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    def __init__(self, tensor_names: _Optional[_Iterable[str]] = ..., state_names: _Optional[_Iterable[str]] = ..., model_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., optimizer_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
 
 class UnitRequest(_message.Message):
     __slots__ = ("step", "unit", "phase")

@@ -24,17 +24,18 @@ from weightstream.checkpoint_layout import (
     complete_checkpoints,
     partial_dir_path,
     recovery_snapshots,
-    shard_file_name,
 )
 from weightstream.params import Params
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
+from weightstream.training.errors import JobFailed
 
 __all__ = [
     "finish_checkpoint",
     "hf_config",
     "partial_dir",
     "prune_checkpoints",
+    "refuse_weights_only",
     "remove_recovery_snapshots",
     "trim_metrics",
 ]
@@ -84,20 +85,18 @@ def finish_checkpoint(
     tmp: Path,
     step: int,
     params: Params,
-    shard_names: list[dict[str, list[str]]],
+    files: dict[str, list[tuple[str, list[str]]]],
     trainer_state: dict[str, Any],
     final: Path | None = None,
 ) -> Path:
     """Write index, config and trainer state into ``tmp`` and rename it to ``final`` (by default
     ``checkpoint_<step>``; a recovery snapshot goes to ``.recovery_<step>``, without config.json).
-    ``shard_names[i]`` maps "model" and "optimizer" to the tensor names shard i wrote."""
-    k = len(shard_names)
-    if k > 1:
-        for prefix in ("model", "optimizer"):
-            weight_map = {
-                n: shard_file_name(prefix, i, k) for i, names in enumerate(shard_names) for n in names[prefix]
-            }
-            size = sum((tmp / shard_file_name(prefix, i, k)).stat().st_size for i in range(k))
+    ``files`` maps "model" and "optimizer" to the (file, tensor names) the shards wrote; a prefix with
+    more than one file gets Hugging Face's index."""
+    for prefix, written in files.items():
+        if len(written) > 1:
+            weight_map = {n: f for f, names in written for n in names}
+            size = sum((tmp / f).stat().st_size for f, _ in written)
             index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
             write_text_durably(tmp / f"{prefix}.safetensors.index.json", json.dumps(index, indent=2))
     if final is None:
@@ -110,6 +109,16 @@ def finish_checkpoint(
     tmp.rename(final)
     fsync_dir(model_dir)
     return final
+
+
+def refuse_weights_only(path: Path) -> None:
+    """Raise JobFailed if checkpoint ``path`` holds no optimizer state: it loads, but cannot resume a run."""
+    state = json.loads((path / TRAINER_STATE).read_text())
+    if state.get("optimizer_state", True) is False:
+        raise JobFailed(
+            f"{path} holds the weights only (written with checkpoint_optimizer_state: false), so a run "
+            "cannot resume from it; set runconfig.autoload_last_checkpoint: false, or use a new model_dir"
+        )
 
 
 def prune_checkpoints(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
-from weightstream.checkpoint_layout import last_checkpoint, recovery_dir, shard_file_name
+from weightstream.checkpoint_layout import last_checkpoint, recovery_dir
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
@@ -33,6 +33,7 @@ from weightstream.training.checkpoints import (
     finish_checkpoint,
     partial_dir,
     prune_checkpoints,
+    refuse_weights_only,
     remove_recovery_snapshots,
     trim_metrics,
 )
@@ -128,6 +129,7 @@ class JobRunner:
         resume = last_checkpoint(self.model_dir) if self.rc.autoload_last_checkpoint else None
         start_step = resume[0] if resume else 0
         if resume:
+            refuse_weights_only(resume[1])
             self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
             trim_metrics(self.model_dir / "metrics.jsonl", start_step)  # the steps after it run again
@@ -175,6 +177,7 @@ class JobRunner:
         """Train step ``step`` (0-based) up to the update; returns its metrics record."""
         t0 = time.monotonic()
         replies = self.roles.rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
+        t_update = time.monotonic()
         sq = [r.sq_sum for r in self.roles.rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
         loss = sum(r.loss for r in replies)
@@ -188,13 +191,16 @@ class JobRunner:
             "tokens": sum(r.tokens for r in replies),
             "step_time_s": 0.0,
             "worker_wait_s": max(r.wait_s for r in replies),
+            "worker_compute_s": max(r.compute_s for r in replies),
+            "update_s": 0.0,
             "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
         }
         self._applying = (step, record)
         # only the shards take part from here: a worker lost now is replaced before the next step
         update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
         self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
-        record["step_time_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        record["step_time_s"], record["update_s"] = t1 - t0, t1 - t_update  # update: norm and optimizer
         return record
 
     def _train(self, start_step: int, t0: float) -> RunSummary:
@@ -284,6 +290,8 @@ class JobRunner:
             self.metrics.flush()
         elif action == "checkpoint":
             self.checkpoint = self._save(done, snapshot=False)
+            if not self.rc.checkpoint_optimizer_state:
+                return  # weights only: recovery cannot start from it, so the recovery point stays
             self.recovery_point = (done, self.checkpoint)
             remove_recovery_snapshots(self.model_dir)
         else:
@@ -314,27 +322,26 @@ class JobRunner:
     def _save(self, step: int, snapshot: bool) -> Path:
         """A checkpoint of ``step``, or a recovery snapshot (the same files, kept while the run lasts)."""
         tmp = partial_dir(self.model_dir, step)
-        k = self.rc.num_wgt_servers
-
-        def request(i: int) -> pb.CheckpointRequest:
-            return pb.CheckpointRequest(
-                step=step,
-                directory=str(tmp.resolve()),
-                model_file=shard_file_name("model", i, k),
-                optimizer_file=shard_file_name("optimizer", i, k),
-            )
-
+        # a recovery snapshot always holds the optimizer state: recovery resumes from it
+        weights_only = not snapshot and not self.rc.checkpoint_optimizer_state
+        request = pb.CheckpointRequest(step=step, directory=str(tmp.resolve()), weights_only=weights_only)
         replies = self.roles.rpc_all("memoryx", "SaveCheckpoint", request)
-        names = [{"model": list(r.tensor_names), "optimizer": list(r.state_names)} for r in replies]
+        files = {
+            "model": [(f.name, list(f.tensors)) for r in replies for f in r.model_files],
+            "optimizer": [(f.name, list(f.tensors)) for r in replies for f in r.optimizer_files],
+        }
         state = {
             "num_csx": self.rc.num_csx,
-            "num_wgt_servers": k,
+            "num_wgt_servers": self.rc.num_wgt_servers,
             "seed": self.rc.seed,
             "optimizer_type": self.opt.kind,
             "weightstream_format": 1,
+            "optimizer_state": not weights_only,
         }
+        if weights_only:
+            state["note"] = "weights only (checkpoint_optimizer_state: false): loadable, not resumable"
         final = recovery_dir(self.model_dir, step) if snapshot else None
-        path = finish_checkpoint(self.model_dir, tmp, step, self.params, names, state, final)
+        path = finish_checkpoint(self.model_dir, tmp, step, self.params, files, state, final)
         if snapshot:
             self.log.info("recovery snapshot %s", path)
             return path

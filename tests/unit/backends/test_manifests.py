@@ -101,6 +101,23 @@ def test_resources_follow_the_plan() -> None:
         assert data["persistentVolumeClaim"]["claimName"] == "ws-data"
 
 
+def test_a_disk_backed_shard_asks_for_what_it_has_in_flight_not_for_its_state() -> None:
+    """Memory mode: three fp32 copies of what the shard owns; disk mode: two of the largest unit, however
+    much the shard owns (here TINY on one shard: its state is bigger than two units)."""
+
+    def shard_memory(**runconfig: Any) -> int:
+        docs, _ = _manifests(1, num_wgt_servers=1, **runconfig)
+        [shard] = _pods(docs, "memoryx")
+        return int(shard["spec"]["containers"][0]["resources"]["requests"]["memory"].removesuffix("Mi"))
+
+    model = model_def(load_params({k: v for k, v in TINY.items() if k != "eval_input"}))
+    biggest = max(model.unit_bytes(u) for u in range(len(model.units)))
+    overhead = CLUSTER.overhead_mib
+    assert shard_memory(memoryx_storage="disk") == 2 * biggest // 2**20 + 64 + overhead
+    owned = sum(s.numel * 4 for s in model.specs.values())
+    assert shard_memory() == 3 * owned // 2**20 + overhead
+
+
 def test_addresses_are_the_pods_dns_names() -> None:
     docs, plan = _manifests(4)
     addrs = role_addresses("j1", plan, ClusterConfig(namespace="ml"))

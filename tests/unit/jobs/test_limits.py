@@ -255,3 +255,23 @@ def test_time_used_counts_every_run_of_a_job() -> None:
     ]
     job = Job("j", "queued", {}, 1, {}, 2, 100.0, 520.0, None, "/x", history)
     assert _time_used(job) == 60.0
+
+
+@pytest.mark.parametrize("where", ["/tmp/elsewhere", "../other-job", ".", "sub/../.."])
+def test_a_memoryx_dir_outside_the_jobs_own_directory_is_refused(
+    make_service: Callable[..., JobService], where: str
+) -> None:
+    """Disk-mode shards empty and delete their directory: a job may only name one inside its own."""
+    raw = _edit(TINY, **{"runconfig.memoryx_storage": "disk", "runconfig.memoryx_dir": where})
+    service = make_service()
+    with pytest.raises(ParamsError) as e:
+        service.submit(raw, num_csx=1)
+    assert [p.path for p in e.value.problems] == ["runconfig.memoryx_dir"]
+    assert "inside the job's own directory" in str(e.value)
+    assert service.store.list() == []
+
+
+def test_a_memoryx_dir_inside_the_job_is_accepted(make_service: Callable[..., JobService]) -> None:
+    raw = _edit(TINY, **{"runconfig.memoryx_storage": "disk", "runconfig.memoryx_dir": "scratch/mx"})
+    job = make_service().submit(raw, num_csx=1)
+    assert job.params["runconfig"]["memoryx_dir"] == "scratch/mx"

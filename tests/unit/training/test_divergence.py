@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,15 +39,19 @@ def test_reference_trainer_stops_before_applying_a_non_finite_step() -> None:
         assert np.array_equal(w, before[n]) and np.isfinite(w).all(), n
 
 
-def test_memoryx_refuses_to_snapshot_non_finite_tensors() -> None:
+def test_memoryx_refuses_to_checkpoint_non_finite_tensors(tmp_path: Path) -> None:
     p = load_params(TINY)
     model = model_def(p)
     shard = MemoryXShard(model, optimizer_config(p.optimizer), list(model.specs), seed=7, timeout_s=2)
-    weights, state, step = shard.snapshot()  # finite: fine
-    assert step == 0 and all(np.isfinite(t).all() for t in (*weights.values(), *state.values()))
-    shard.weights["transformer.h.1.mlp.c_fc.bias"][3] = np.inf
-    with pytest.raises(ValueError, match=r"non-finite values in transformer\.h\.1\.mlp\.c_fc\.bias"):
-        shard.snapshot()
+    names = list(model.specs)
+    shard.write_checkpoint(0, [(tmp_path / "model.safetensors", names)], [])  # finite: fine
+    assert (tmp_path / "model.safetensors").is_file()
+    shard.weight("transformer.h.1.mlp.c_fc.bias")[3] = np.inf  # memory mode: the live array
+    shard.weight("transformer.ln_f.bias")[0] = np.nan
+    bad = tmp_path / "bad.safetensors"
+    with pytest.raises(ValueError, match=r"non-finite values in transformer\.h\.1\.mlp\.c_fc\.bias, .*ln_f"):
+        shard.write_checkpoint(0, [(bad, names)], [])
+    assert not bad.exists() and not (tmp_path / "bad.safetensors.partial").exists()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

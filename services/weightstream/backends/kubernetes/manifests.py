@@ -134,7 +134,8 @@ def role_addresses(job_id: str, plan: Plan, cluster: ClusterConfig) -> dict[str,
 
 def _memory_mib(role: RoleSpec, params: Params, model: ModelDef, plan: Plan, cluster: ClusterConfig) -> int:
     """Memory a role needs: a worker its budget (or two units and the model's largest activations), a
-    MemoryX shard its weights and optimizer state (fp32: 3 copies for Adam, 2 for SGD), others a little."""
+    MemoryX shard its weights and optimizer state (fp32: 3 copies for Adam, 2 for SGD; on disk, what it has
+    in flight), others a little."""
     rc = params.runconfig
     if role.kind == "worker":
         budget = rc.worker_memory_mb or 4 * max(model.unit_bytes(u) for u in range(len(model.units))) // _MIB
@@ -142,7 +143,10 @@ def _memory_mib(role: RoleSpec, params: Params, model: ModelDef, plan: Plan, clu
     if role.kind == "memoryx":
         copies = 2 if params.optimizer.optimizer_type == "sgd" else 3
         owned = sum(model.specs[n].numel * 4 for n, s in plan.tensor_shard.items() if s == role.index)
-        return (0 if rc.memoryx_storage == "disk" else copies * owned // _MIB) + cluster.overhead_mib
+        if rc.memoryx_storage == "disk":  # files on the volume; in memory: a unit out, a gradient in, blocks
+            biggest = max(model.unit_bytes(u) for u in range(len(model.units)))
+            return 2 * biggest // _MIB + 64 + cluster.overhead_mib
+        return copies * owned // _MIB + cluster.overhead_mib
     if role.kind == "swarmx":  # a unit per pass in flight, and the children's gradients of one unit
         biggest = max(model.unit_bytes(u) for u in range(len(model.units)))
         return (2 + len(plan.swarm[role.index].children)) * biggest // _MIB + cluster.overhead_mib

@@ -1,0 +1,213 @@
+"""Where a MemoryX shard keeps its float32 tensors: in RAM, or in files on disk read and written in blocks.
+
+Both stores hold flat float32 tensors under string keys (a weight, an optimizer state buffer, a gradient)
+and offer the same operations; the shard's logic is written once against them:
+
+- ``put`` / ``zeros`` create a tensor; ``get`` returns all of it; ``drop`` forgets it;
+- ``blocks`` yields it in consecutive flat blocks (for sums of squares and for writing checkpoints);
+- ``update`` runs an elementwise function over several tensors of one shape, block by block, and writes
+  back the ones it names. Elementwise float32 arithmetic does not depend on how an array is cut into
+  blocks, so the disk store's results are bitwise those of the memory store.
+
+``DiskStore`` uses plain ``pread``/``pwrite`` on one file per tensor, never ``mmap``: what a shard holds
+resident is then its block buffers and the tensors it is sending or receiving, whatever the model's size,
+and the kernel's page cache (reclaimable, not counted in any process's resident memory) does the caching.
+Zero tensors (Adam's state before the first step) are sparse files: ``ftruncate`` costs no disk until
+written. Durability: the files are scratch and are never fsynced; a crash loses them, and the job
+recovers from its last checkpoint or recovery snapshot, which are written durably (``storage``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["BLOCK_ELEMENTS", "DiskStore", "MemoryStore", "TensorStore"]
+
+# 4 Mi float32 = 16 MiB per block and buffer: large enough that a pread/pwrite costs little per byte, small
+# enough that an update over four tensors (weight, gradient, two Adam buffers) holds 64 MiB at most. A
+# multiple of numerics.optim.SUM_BLOCK, so block sums add up exactly as the memory store's do.
+BLOCK_ELEMENTS = 1 << 22
+_F32 = np.dtype(np.float32)
+
+
+class TensorStore(ABC):
+    """Flat float32 tensors by key. Shapes are the caller's business: ``get`` returns ``shape``d arrays."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[int, ...]] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.shapes
+
+    @abstractmethod
+    def put(self, key: str, value: np.ndarray) -> None:
+        """Store ``value`` (float32) under ``key``; the memory store keeps the array itself."""
+
+    @abstractmethod
+    def zeros(self, key: str, shape: tuple[int, ...]) -> None: ...
+
+    @abstractmethod
+    def get(self, key: str) -> np.ndarray:
+        """The whole tensor: the stored array itself (memory) or a fresh copy read from its file (disk)."""
+
+    @abstractmethod
+    def blocks(self, key: str) -> Iterator[np.ndarray]:
+        """The tensor flat, in consecutive blocks of ``BLOCK_ELEMENTS`` (the last one shorter)."""
+
+    @abstractmethod
+    def update(
+        self, keys: Sequence[str], fn: Callable[[list[np.ndarray]], None], write: Sequence[str]
+    ) -> None:
+        """``fn`` over flat blocks of the tensors ``keys`` (same number of elements), in place; the tensors
+        in ``write`` keep what ``fn`` left in their blocks."""
+
+    @abstractmethod
+    def drop(self, key: str) -> None: ...
+
+    def close(self) -> None:
+        self.shapes.clear()
+
+
+class MemoryStore(TensorStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        self.arrays[key] = np.ascontiguousarray(value, dtype=np.float32)
+        self.shapes[key] = value.shape
+
+    def zeros(self, key: str, shape: tuple[int, ...]) -> None:
+        self.put(key, np.zeros(shape, dtype=np.float32))
+
+    def get(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def blocks(self, key: str) -> Iterator[np.ndarray]:
+        flat = self.arrays[key].reshape(-1)
+        for start in range(0, flat.size, BLOCK_ELEMENTS):
+            yield flat[start : start + BLOCK_ELEMENTS]
+
+    def update(
+        self, keys: Sequence[str], fn: Callable[[list[np.ndarray]], None], write: Sequence[str]
+    ) -> None:
+        fn([self.arrays[k].reshape(-1) for k in keys])  # the whole arrays: one block
+
+    def drop(self, key: str) -> None:
+        self.arrays.pop(key, None)
+        self.shapes.pop(key, None)
+
+    def close(self) -> None:
+        super().close()
+        self.arrays.clear()
+
+
+class DiskStore(TensorStore):
+    """One file per tensor under ``directory`` (which it owns: emptied when opened, removed on close)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+        shutil.rmtree(directory, ignore_errors=True)  # an earlier process's scratch for the same shard
+        directory.mkdir(parents=True)
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.io_seconds = 0.0  # in pread/pwrite: what the shard waited for the disk (or the page cache)
+        self._fds: dict[str, int] = {}
+        self._buffers: list[np.ndarray] = []  # block buffers, reused by every update
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.f32"
+
+    def _open(self, key: str, shape: tuple[int, ...]) -> int:
+        self.drop(key)
+        fd = os.open(self._path(key), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fds[key], self.shapes[key] = fd, tuple(shape)
+        return fd
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        fd = self._open(key, value.shape)
+        self._pwrite(fd, np.ascontiguousarray(value, dtype=np.float32).reshape(-1), 0)
+
+    def zeros(self, key: str, shape: tuple[int, ...]) -> None:
+        fd = self._open(key, shape)
+        os.ftruncate(fd, int(np.prod(shape, dtype=np.int64)) * _F32.itemsize)  # a hole reads as zeros
+
+    def get(self, key: str) -> np.ndarray:
+        out = np.empty(self.shapes[key], dtype=np.float32)
+        self._pread(self._fds[key], out.reshape(-1), 0)
+        return out
+
+    def _size(self, key: str) -> int:
+        return int(np.prod(self.shapes[key], dtype=np.int64))
+
+    def blocks(self, key: str) -> Iterator[np.ndarray]:
+        fd, n = self._fds[key], self._size(key)
+        buf = np.empty(min(n, BLOCK_ELEMENTS), dtype=np.float32)
+        for start in range(0, n, BLOCK_ELEMENTS):
+            block = buf[: min(BLOCK_ELEMENTS, n - start)]
+            self._pread(fd, block, start)
+            yield block
+
+    def update(
+        self, keys: Sequence[str], fn: Callable[[list[np.ndarray]], None], write: Sequence[str]
+    ) -> None:
+        n = self._size(keys[0])
+        if any(self._size(k) != n for k in keys):
+            raise ValueError(f"update over tensors of different sizes: {keys}")
+        while len(self._buffers) < len(keys):
+            self._buffers.append(np.empty(BLOCK_ELEMENTS, dtype=np.float32))
+        for start in range(0, n, BLOCK_ELEMENTS):
+            count = min(BLOCK_ELEMENTS, n - start)
+            blocks = [buf[:count] for buf in self._buffers[: len(keys)]]
+            for k, b in zip(keys, blocks, strict=True):
+                self._pread(self._fds[k], b, start)
+            fn(blocks)
+            for k, b in zip(keys, blocks, strict=True):
+                if k in write:
+                    self._pwrite(self._fds[k], b, start)
+
+    def drop(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        self.shapes.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+            self._path(key).unlink(missing_ok=True)  # frees its disk at once (a gradient: every step)
+
+    def close(self) -> None:
+        for key in list(self._fds):
+            self.drop(key)
+        super().close()
+        self._buffers.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def disk_bytes(self) -> int:
+        """Bytes the files occupy on disk now (holes not counted)."""
+        return sum(os.fstat(fd).st_blocks * 512 for fd in self._fds.values())
+
+    # -- whole-buffer positional I/O (a single pread/pwrite may move fewer bytes than asked) ------------
+    def _pread(self, fd: int, out: np.ndarray, start: int) -> None:
+        view, offset = memoryview(out).cast("B"), start * _F32.itemsize
+        done, t0 = 0, time.perf_counter()
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got == 0:  # a hole past the end of a file extended by ftruncate never gets here
+                raise OSError(f"short read from {fd}: {done} of {len(view)} bytes")
+            done += got
+        self.bytes_read += done
+        self.io_seconds += time.perf_counter() - t0
+
+    def _pwrite(self, fd: int, data: np.ndarray, start: int) -> None:
+        view, offset = memoryview(data).cast("B"), start * _F32.itemsize
+        done, t0 = 0, time.perf_counter()
+        while done < len(view):
+            done += os.pwritev(fd, [view[done:]], offset + done)
+        self.bytes_written += done
+        self.io_seconds += time.perf_counter() - t0
