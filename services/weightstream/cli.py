@@ -14,6 +14,7 @@ from weightstream import __version__
 from weightstream import serve_options as limit
 from weightstream.data import DataError
 from weightstream.params import Params, ParamsError, load_params, model_def
+from weightstream.simulate.cli import simulate
 
 app = typer.Typer(
     help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
@@ -381,6 +382,7 @@ def _role_command(kind: str, what: str) -> None:
     app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)
 
 
+app.command()(simulate)  # the scaling model: weightstream/simulate/
 _role_command("memoryx", "MemoryX weight server shard")
 _role_command("swarmx", "SwarmX broadcast/reduce node")
 _role_command("worker", "CS-2 worker")

@@ -1,0 +1,123 @@
+"""``weightstream simulate`` through the real command (typer's CliRunner): the table, --json, the
+cluster sources, and bad input refused with exit 2 and a message naming the option."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.unit.simulate.test_model import SMALL_GPT2
+from weightstream.cli import app
+from weightstream.simulate.cluster import cerebras_like
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def params(tmp_path: Path) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(SMALL_GPT2))
+    return path
+
+
+def test_table_with_the_default_preset(params: Path) -> None:
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1,4,16"])
+    assert r.exit_code == 0, r.output
+    assert "cluster cerebras-like" in r.output and "8 samples per worker" in r.output
+    header = next(line for line in r.output.splitlines() if line.startswith("┃"))
+    assert [h.strip() for h in header.strip("┃").split("┃")] == [
+        *("N", "batch/worker", "depth", "step s", "tokens/s", "efficiency", "limit"),
+        *("compute", "broadcast", "reduce", "cores", "update", "barrier"),
+    ]
+    rows = [line for line in r.output.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == ["1", "4", "16"]
+    assert "scaling" in r.output and "assumed: a CS-2 worker sustains 1 PFLOP/s" in r.output
+
+
+def test_json_output(params: Path) -> None:
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1,2,192", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert [p["n"] for p in doc["predictions"]] == [1, 2, 192]
+    first = doc["predictions"][0]
+    assert first["efficiency"] == pytest.approx(1.0)
+    assert sum(first["terms"].values()) == pytest.approx(first["step_s"])
+    assert doc["predictions"][2]["tree_depth"] == 4
+    assert doc["cluster"]["name"] == "cerebras-like"
+
+
+def test_figures_on_the_command_line_and_a_cluster_file(params: Path, tmp_path: Path) -> None:
+    args = ["simulate", str(params), "--num_csx", "16", "--json"]
+    slow = runner.invoke(app, [*args, "--link-bandwidth", "1e6"])
+    fast = runner.invoke(app, args)
+    assert slow.exit_code == 0 and fast.exit_code == 0, slow.output + fast.output
+    step = [json.loads(r.output)["predictions"][0]["step_s"] for r in (slow, fast)]
+    assert step[0] > 10 * step[1]  # 1 MB/s links: the broadcast dominates
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({**cerebras_like().to_dict(), "name": "mine", "notes": []}))
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1", "--cluster", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "cluster mine" in r.output
+
+
+def test_held_global_batch_marks_what_does_not_split(params: Path) -> None:
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1,3,8", "--global-batch"])
+    assert r.exit_code == 0, r.output
+    assert "global batch 8" in r.output and "does not split in 3" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num_csx", "1,x"], "--num_csx: 'x' is not a worker count"),
+        (["--num_csx", "0"], "--num_csx: '0' is not a worker count"),
+        (["--cluster", "nosuch"], "--cluster: 'nosuch' is neither a preset (cerebras-like) nor a file"),
+        (["--link-bandwidth", "-5"], "--link-bandwidth link_bandwidth: -5.0, expected a number > 0"),
+        (["--fanout", "1"], "--fanout swarmx_fanout: 1, expected an integer >= 2"),
+        (["--relay", "teleport"], "--relay relay: 'teleport', expected store_and_forward or cut_through"),
+        (["--per-worker-batch", "2", "--global-batch"], "--per-worker-batch and --global-batch"),
+    ],
+)
+def test_bad_input_names_the_option(params: Path, args: list[str], message: str) -> None:
+    r = runner.invoke(app, ["simulate", str(params), *args])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
+
+
+def test_bad_cluster_and_calibration_files_are_named(params: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "worker_flops": 1e12, "link_bandwidth": 0}))
+    r = runner.invoke(app, ["simulate", str(params), "--cluster", str(bad)])
+    assert r.exit_code == 2 and "--cluster" in r.output and "link_bandwidth: 0" in r.output, r.output
+    r = runner.invoke(app, ["simulate", str(params), "--calibration", str(tmp_path / "missing.json")])
+    assert r.exit_code == 2 and "--calibration" in r.output and "cannot be read" in r.output, r.output
+    r = runner.invoke(app, ["simulate", str(params), "--cluster", "cerebras-like", "--calibration", str(bad)])
+    assert r.exit_code == 2 and "use one" in r.output, r.output
+
+
+def test_bad_params_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({**SMALL_GPT2, "model": {**SMALL_GPT2["model"], "hidden_size": -1}}))
+    r = runner.invoke(app, ["simulate", str(path)])
+    assert r.exit_code == 2 and "model.hidden_size" in r.output, r.output
+
+
+def test_plot_without_matplotlib_names_the_extra(params: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1", "--plot", "out.png"])
+    assert r.exit_code == 2, r.output
+    assert 'pip install "weightstream[plot]"' in " ".join(r.output.split())
+
+
+def test_plot_with_matplotlib(params: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional extra weightstream[plot]")
+    out = tmp_path / "scaling.png"
+    r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1,2,4", "--plot", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
