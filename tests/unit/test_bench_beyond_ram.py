@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.bench_module import load_bench
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.params import load_params, model_def, optimizer_config
@@ -21,13 +20,7 @@ from weightstream.params.size import num_params
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "beyond_ram.py"
-    spec = importlib.util.spec_from_file_location("bench_beyond_ram", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_beyond_ram"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("beyond_ram")
 
 
 def test_memoryx_io_reads_what_a_disk_shard_logs(

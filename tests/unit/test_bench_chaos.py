@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,20 +12,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from tests.bench_module import load_bench
 from weightstream.training.runner import RunSummary
 
 COUNTS = {"memoryx": 2, "swarmx": 1, "activation": 1, "worker": 2}
 
 
 def _load() -> ModuleType:
-    # bench/ is scripts, not a package: load the file itself (registered first, for its dataclasses)
-    path = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-    spec = importlib.util.spec_from_file_location("bench_chaos", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_chaos"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("chaos")
 
 
 chaos = _load()

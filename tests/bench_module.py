@@ -1,0 +1,19 @@
+"""Load a benchmark script as a module: bench/ is scripts, not a package."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def load_bench(name: str) -> ModuleType:
+    """bench/<name>.py as module ``bench_<name>`` (registered before it runs, for its dataclasses)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"bench_{name}"] = module
+    spec.loader.exec_module(module)
+    return module
