@@ -9,7 +9,6 @@ one input activation per unit. No gRPC here: weights and batches come through sm
 
 from __future__ import annotations
 
-import itertools
 import resource
 import time
 from collections import deque
@@ -137,7 +136,8 @@ class WorkerEngine:
         kept = self.weight_bytes
         last_params: Tensors = {}
         for u, params in self._stream(step, list(range(n_units)), FORWARD, wait):
-            last_params = params
+            if u == n_units - 1:
+                last_params = params
             if self.pipelined:  # keep the weights for backward: one transfer per unit per step
                 resident[u] = params
             inputs.append(xs)
@@ -152,13 +152,14 @@ class WorkerEngine:
                 kept += size if keep else 0
                 outs.append(out)
             xs = outs
+            del params  # before the stream resumes: only this unit's successor and the next-but-one alive
         loss = 0.0
         dys: list[np.ndarray | None] = []
         for xk, yk in zip(xs, ys, strict=True):
             part, ce = cross_entropy_forward(xk, yk, denom)
             loss += part
             dys.append(cross_entropy_backward(ce, xk.shape))
-        del xs, ce, params
+        del xs, ce
         pushes: deque[Future[None]] = deque()
         recomputed = 0
         order = list(reversed(range(n_units)))
@@ -166,8 +167,8 @@ class WorkerEngine:
             units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
         else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
             rest = self._stream(step, order[1:], BACKWARD, wait) if len(order) > 1 else iter(())
-            units = itertools.chain([(order[0], last_params)], rest)
-        del last_params  # the chain holds it until backward has used it
+            units = _kept_then_streamed(order[0], last_params, rest)
+        del last_params  # the generator holds it until backward has used it, and no longer
         for u, params in units:
             unit = self.model.units[u]
             total: Tensors = {}
@@ -190,7 +191,7 @@ class WorkerEngine:
                 pushes.popleft().result()
                 wait[0] += time.perf_counter() - t0
             pushes.append(self._push.submit(self.units.push_grads, step, u, total))
-            del total, grads
+            del total, grads, params
         t0 = time.perf_counter()
         for f in pushes:
             f.result()
@@ -206,7 +207,18 @@ class WorkerEngine:
         xs = [b[0] for b in batches]
         for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
             xs = [self.model.units[u].forward(params, x)[0] for x in xs]
+            del params
         return sum(
             cross_entropy_forward(x, y, y.size * self.num_workers)[0]
             for x, (_, y) in zip(xs, batches, strict=True)
         )
+
+
+def _kept_then_streamed(
+    unit: int, params: Tensors, rest: Iterator[tuple[int, Tensors]]
+) -> Iterator[tuple[int, Tensors]]:
+    """The unit kept from forward, then the streamed rest; lets go of the kept unit once it is used (a
+    ``chain`` over a list would hold it through all of backward: one unit more in memory)."""
+    yield unit, params
+    del params
+    yield from rest
