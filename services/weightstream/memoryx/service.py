@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 
 from weightstream.checkpoint_layout import checkpoint_files, confine_checkpoint
 from weightstream.memoryx.shard import MemoryXShard
@@ -75,19 +74,22 @@ def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
     return shard
 
 
-def shard_checkpoint_files(job: JobSpec, prefix: str) -> list[tuple[str, list[str]]]:
-    """This shard's files of ``prefix`` (model or optimizer) and the tensors in each, as every shard and
-    the coordinator compute them from the params (``checkpoint_layout.checkpoint_files``)."""
+def shard_checkpoint_files(job: JobSpec, weights_only: bool) -> dict[str, list[tuple[str, list[str]]]]:
+    """This shard's files of "model" (and "optimizer", unless ``weights_only``) and the tensors in each, as
+    every shard and the coordinator compute them from the params (``checkpoint_layout.checkpoint_files``)."""
     params = load_params(job.params)
     model = model_def(params)
     plan = Plan.from_dict(job.plan)
-    k = params.runconfig.num_wgt_servers
-    suffixes = [""] if prefix == "model" else [f".{s}" for s in state_names(params.optimizer.optimizer_type)]
-    shards: list[list[tuple[str, int]]] = [[] for _ in range(k)]
-    for n, spec in model.specs.items():
-        nbytes = 4 * int(np.prod(spec.shape, dtype=np.int64))
-        shards[plan.tensor_shard[n]].extend((n + s, nbytes) for s in suffixes)
-    return checkpoint_files(prefix, shards, params.runconfig.checkpoint_max_shard_size)[job.index]
+    suffixes = {"model": [""]}
+    if not weights_only:
+        suffixes["optimizer"] = [f".{s}" for s in state_names(params.optimizer.optimizer_type)]
+    out = {}
+    for prefix, ends in suffixes.items():
+        shards: list[list[tuple[str, int]]] = [[] for _ in range(params.runconfig.num_wgt_servers)]
+        for n, spec in model.specs.items():
+            shards[plan.tensor_shard[n]].extend((n + end, 4 * spec.numel) for end in ends)
+        out[prefix] = checkpoint_files(prefix, shards, params.runconfig.checkpoint_max_shard_size)[job.index]
+    return out
 
 
 class MemoryXServicer:
@@ -148,8 +150,8 @@ class MemoryXServicer:
             directory = confine_checkpoint(
                 job.params["runconfig"]["model_dir"], request.directory, request.step
             )
-            model = shard_checkpoint_files(job, "model")
-            optimizer = [] if request.weights_only else shard_checkpoint_files(job, "optimizer")
+            files = shard_checkpoint_files(job, request.weights_only)
+            model, optimizer = files["model"], files.get("optimizer", [])
             shard.write_checkpoint(
                 request.step,
                 [(directory / f, names) for f, names in model],
@@ -158,8 +160,6 @@ class MemoryXServicer:
         except Exception as e:
             abort_on_error(context, e)
         return pb.CheckpointReply(
-            tensor_names=[n for _, names in model for n in names],
-            state_names=[n for _, names in optimizer for n in names],
             model_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in model],
             optimizer_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in optimizer],
         )

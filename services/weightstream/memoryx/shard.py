@@ -84,7 +84,6 @@ class MemoryXShard:
             self.store.close()
             raise
         self._pending: dict[str, set[int]] = {n: set() for n in self.names}  # units whose gradient is in
-        self._summed: set[str] = set()  # tensors whose gradient is complete in "<name>.grad"
         self._sq_sum: float | None = None  # of this step's gradients, once complete
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
@@ -103,7 +102,6 @@ class MemoryXShard:
                 self.store.drop(f"{n}.grad.{u}")
             self.store.drop(f"{n}.grad")
             self._pending[n] = set()
-        self._summed = set()
         self._sq_sum = None
 
     def reset(self, generation: int) -> None:
@@ -178,12 +176,18 @@ class MemoryXShard:
     def _complete(self) -> bool:
         return all(len(self._pending[n]) == len(self.users[n]) for n in self.names)
 
+    def _grad_key(self, n: str) -> str:
+        """Where tensor ``n``'s whole gradient is once summed: its one unit's part, or ``<n>.grad``."""
+        users = self.users[n]
+        return f"{n}.grad.{users[0]}" if len(users) == 1 else f"{n}.grad"
+
     def _sum_gradient(self, n: str) -> str:
         """The key of tensor ``n``'s whole gradient: its one part, or the parts added in unit order."""
+        key = self._grad_key(n)
         parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
         if len(parts) == 1:
-            return parts[0]
-        self.store.zeros(f"{n}.grad", self.model.specs[n].shape)
+            return key
+        self.store.zeros(key, self.model.specs[n].shape)
 
         def add(blocks: list[np.ndarray]) -> None:
             total, first, *rest = blocks
@@ -191,10 +195,10 @@ class MemoryXShard:
             for p in rest:
                 total += p
 
-        self.store.update([f"{n}.grad", *parts], add, write=[f"{n}.grad"])
+        self.store.update([key, *parts], add, write=[key])
         for p in parts:
             self.store.drop(p)
-        return f"{n}.grad"
+        return key
 
     def grad_sq_sum(self, step: int, generation: int = 0) -> float:
         with self._cond:
@@ -222,7 +226,6 @@ class MemoryXShard:
                     for block in self.store.blocks(self._sum_gradient(n)):
                         per_tensor = add_sq_sum(per_tensor, block)
                     total += per_tensor
-                    self._summed.add(n)
                 self._sq_sum = total
             return self._sq_sum
 
@@ -239,7 +242,7 @@ class MemoryXShard:
             coef = np.float32(clip_coef)
             names = state_names(self.opt.kind)
             for n in self.names:
-                grad = f"{n}.grad" if len(self.users[n]) > 1 else f"{n}.grad.{self.users[n][0]}"
+                grad = self._grad_key(n)
 
                 def update(blocks: list[np.ndarray]) -> None:
                     w, g, *st = blocks

@@ -132,16 +132,12 @@ class CheckpointFile(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tensors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("tensor_names", "state_names", "model_files", "optimizer_files")
-    TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
-    STATE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("model_files", "optimizer_files")
     MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FILES_FIELD_NUMBER: _ClassVar[int]
-    tensor_names: _containers.RepeatedScalarFieldContainer[str]
-    state_names: _containers.RepeatedScalarFieldContainer[str]
     model_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
     optimizer_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
-    def __init__(self, tensor_names: _Optional[_Iterable[str]] = ..., state_names: _Optional[_Iterable[str]] = ..., model_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., optimizer_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
+    def __init__(self, model_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., optimizer_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
 
 class UnitRequest(_message.Message):
     __slots__ = ("step", "unit", "phase")
