@@ -20,7 +20,7 @@ from pathlib import Path
 from weightstream.data import DataError, make_data_processor
 from weightstream.params import Params, ParamsError, Problem
 
-__all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_roots"]
+__all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_roots", "within"]
 
 # what the file data processors read from a data_dir (data/processors.py): the files whose links are checked
 _DATA_FILES = ("*.txt", "*.bin")
@@ -35,7 +35,8 @@ def _names(roots: Sequence[Path]) -> str:
     return ", ".join(map(str, roots))
 
 
-def _within(path: str, root: str) -> bool:
+def within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies under it (both real paths: links already followed)."""
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
@@ -46,7 +47,7 @@ def resolve_data_roots(roots: Sequence[Path], data_dir: Path) -> tuple[Path, ...
     out = []
     for root in roots or [default_data_root(data_dir)]:
         real = os.path.realpath(root)
-        if _within(jobs, real) or _within(real, jobs):
+        if within(jobs, real) or within(real, jobs):
             raise ValueError(
                 f"data root {root} overlaps the service's job directory {jobs}: jobs could read each "
                 "other's checkpoints and logs; give a directory of datasets apart from --data-dir/jobs"
@@ -60,13 +61,13 @@ def _confine_one(value: str, field: str, roots: Sequence[Path], problems: list[P
     candidate = value if os.path.isabs(value) else os.path.join(roots[0], value)
     # follows every link that exists; never raises for a missing path (a NUL byte names no path at all)
     real = os.path.realpath(candidate) if "\0" not in candidate else ""
-    if not any(_within(real, str(r)) for r in roots):
+    if not any(within(real, str(r)) for r in roots):
         # one message for any path outside, whatever is (or is not) there: only what the user wrote is echoed
         problems.append(Problem(field, f"is outside the service's data roots ({_names(roots)})", value))
         return value
     for pattern in _DATA_FILES:  # inside a root: listing it tells nothing about the rest of the machine
         for f in sorted(Path(real).glob(pattern)):
-            if not any(_within(os.path.realpath(f), str(r)) for r in roots):
+            if not any(within(os.path.realpath(f), str(r)) for r in roots):
                 problems.append(
                     Problem(
                         field, f"holds {f.name!r}, a link leading outside the service's data roots", value

@@ -11,11 +11,13 @@ tokens a step is 1024 sequences of GPT-2's 1024 tokens; a day is long for a nump
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weightstream.jobs.data_roots import within
 from weightstream.params import Params, Problem
 from weightstream.params.size import num_layers, num_params, tokens_per_step
 
@@ -191,6 +193,9 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
 
 
 def _inside(root: Path, path: str) -> bool:
-    real_root = root.resolve()
-    real = (root / path).resolve()  # an absolute path replaces root; symlinks and ".." are followed
-    return real != real_root and real.is_relative_to(real_root)
+    """``path`` (relative to ``root``, or absolute) lies strictly under ``root``, every link followed."""
+    if "\0" in path:  # names no path at all (realpath would raise)
+        return False
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(root, path))  # an absolute path replaces root
+    return real != real_root and within(real, real_root)

@@ -257,7 +257,7 @@ def test_time_used_counts_every_run_of_a_job() -> None:
     assert _time_used(job) == 60.0
 
 
-@pytest.mark.parametrize("where", ["/tmp/elsewhere", "../other-job", ".", "sub/../.."])
+@pytest.mark.parametrize("where", ["/tmp/elsewhere", "../other-job", ".", "sub/../..", "mx\0"])
 def test_a_memoryx_dir_outside_the_jobs_own_directory_is_refused(
     make_service: Callable[..., JobService], where: str
 ) -> None:
