@@ -2,9 +2,10 @@
 
 Prints one JSON line:
 - step time of the in-process numpy reference vs `weightstream run --num_csx 1` on the same params
-  (the streaming overhead ratio; target <= 1.10), and tokens/s at num_csx 1 and 2;
-- bandwidth of a unit broadcast through MemoryX -> SwarmX -> client and of MemoryX alone, vs a raw
-  gRPC server stream of 4 MiB messages over loopback.
+  (the streaming overhead ratio; target <= 1.05), and tokens/s at num_csx 1 and 2;
+- bandwidth of a unit broadcast through MemoryX -> SwarmX -> client and of MemoryX alone, on the
+  shared-memory plane co-located roles use and over gRPC (as across hosts), vs a raw gRPC server stream of
+  4 MiB messages over loopback.
 
     python bench/streaming.py [--hidden 512 --layers 4 --seq 256 --batch 8 --steps 6]
 """
@@ -33,7 +34,9 @@ from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.training.reference import ReferenceTrainer
+from weightstream.transport.auth import new_role_token
 from weightstream.transport.rpc import OPTIONS, open_channel, tensors_out_client
+from weightstream.transport.shm import job_tag
 from weightstream.transport.tensors import read_messages
 
 
@@ -128,33 +131,42 @@ def raw_grpc_gbps(total: int, repeats: int) -> float:
     return total / best / 1e9
 
 
-def broadcast_gbps(a: argparse.Namespace, workdir: Path, repeats: int) -> dict[str, float]:
-    """A MemoryX shard and a SwarmX node as real processes; one GPT-2 block fetched through each."""
+def broadcast_gbps(
+    a: argparse.Namespace, workdir: Path, repeats: int, shared_memory: bool
+) -> dict[str, float]:
+    """A MemoryX shard and a SwarmX node as real processes; one GPT-2 block fetched through each, read as a
+    worker reads it (checksums checked), on the shared-memory plane or over gRPC."""
     raw = params_dict(a, a.bw_hidden, 1, 1)
     params = load_params(raw)
     plan = make_plan(params)
-    backend = LocalProcessBackend(workdir / "bw")
-    backend.start([RoleSpec("memoryx", 0), RoleSpec("swarmx", 0)])
+    backend = LocalProcessBackend(workdir / f"bw{int(shared_memory)}")
+    token = new_role_token()
+    backend.start([RoleSpec("memoryx", 0), RoleSpec("swarmx", 0)], token)
     try:
         addrs = backend.wait_ready(60)
         addrs.update(worker=[], activation=[])
         for kind in ("memoryx", "swarmx"):
-            job = JobSpec(params.model_dump(mode="json"), plan.to_dict(), addrs, kind, 0)
-            rpc.ControlStub(open_channel(addrs[kind][0])).Configure(
+            job = JobSpec(
+                params.model_dump(mode="json"), plan.to_dict(), addrs, kind, 0, shared_memory=shared_memory
+            )
+            rpc.ControlStub(open_channel(addrs[kind][0], token)).Configure(
                 pb.ConfigureRequest(job_json=job.to_json())
             )
+        tag = job_tag(token) if shared_memory else None
         model = model_def(params)
         names = list(model.units[1].param_names)
         nbytes = model.unit_bytes(1)
-        mx = tensors_out_client(open_channel(addrs["memoryx"][0]), "MemoryX", "GetTensors", pb.TensorRequest)
-        sx = tensors_out_client(open_channel(addrs["swarmx"][0]), "SwarmX", "GetUnit", pb.UnitRequest)
+        mx = tensors_out_client(
+            open_channel(addrs["memoryx"][0], token), "MemoryX", "GetTensors", pb.TensorRequest
+        )
+        sx = tensors_out_client(open_channel(addrs["swarmx"][0], token), "SwarmX", "GetUnit", pb.UnitRequest)
         t_mx, t_sx = [], []
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            read_messages(mx(pb.TensorRequest(step=0, names=names)))
+            read_messages(mx(pb.TensorRequest(step=0, names=names)), tag)
             t_mx.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            read_messages(sx(pb.UnitRequest(step=0, unit=1, phase=100 + i)))  # a new phase: a cache miss
+            read_messages(sx(pb.UnitRequest(step=0, unit=1, phase=100 + i)), tag)  # a new phase: a cache miss
             t_sx.append(time.perf_counter() - t0)
         return {
             "unit_bytes": nbytes,
@@ -182,7 +194,8 @@ def main() -> None:
         ref = reference_step_s(raw, a.steps)
         one, tps1 = appliance_step_s(raw, 1, work)
         _, tps2 = appliance_step_s(raw, 2, work)
-        bw = broadcast_gbps(a, work, a.repeats)
+        bw = broadcast_gbps(a, work, a.repeats, shared_memory=True)
+        bw_grpc = broadcast_gbps(a, work, a.repeats, shared_memory=False)
         raw_gbps = raw_grpc_gbps(bw["unit_bytes"] // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
     print(
         json.dumps(
@@ -197,12 +210,19 @@ def main() -> None:
                     "num_csx_1": round(tps1),
                     "num_csx_2": round(tps2),
                 },
+                # co-located roles (what `weightstream run` uses here): the shared-memory plane; the
+                # *_grpc figures: the byte stream roles on different hosts use
                 "bandwidth_gbps": {
                     "raw_grpc_loopback": round(raw_gbps, 3),
                     "memoryx": round(bw["memoryx_gbps"], 3),
                     "memoryx_via_swarmx": round(bw["memoryx_swarmx_gbps"], 3),
+                    "memoryx_grpc": round(bw_grpc["memoryx_gbps"], 3),
+                    "memoryx_via_swarmx_grpc": round(bw_grpc["memoryx_swarmx_gbps"], 3),
                 },
                 "bandwidth_ratio_memoryx_over_raw": round(bw["memoryx_gbps"] / raw_gbps, 3),
+                "bandwidth_ratio_swarmx_over_raw": round(bw["memoryx_swarmx_gbps"] / raw_gbps, 3),
+                "bandwidth_ratio_memoryx_grpc_over_raw": round(bw_grpc["memoryx_gbps"] / raw_gbps, 3),
+                "bandwidth_ratio_swarmx_grpc_over_raw": round(bw_grpc["memoryx_swarmx_gbps"] / raw_gbps, 3),
             }
         )
     )

@@ -155,6 +155,8 @@ class JobSpec:
     # The role plane's token, for the calls this role makes to others. Never serialised: a role gets it
     # from its token file at start (``transport.auth``), not from the job it is sent.
     credential: str = field(default="", repr=False)
+    # Every role on one host (the local backend): tensor bytes travel in shared memory (transport/shm.py)
+    shared_memory: bool = False
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if k != "credential"})

@@ -31,13 +31,19 @@ from weightstream.storage_io import write_text_durably
 from weightstream.transport.auth import RoleAuthInterceptor, has_credential
 from weightstream.transport.fencing import StaleGenerationError, check_generation, generation_of
 from weightstream.transport.rpc import abort_on_error, create_server
+from weightstream.transport.shm import job_tag
 
-__all__ = ["RoleHost", "serve_role"]
+__all__ = ["RoleHost", "serve_role", "shm_tag"]
 
 log = logging.getLogger("weightstream.role")
 
 
 Reconfigure = Callable[[Any, JobSpec], Any | None]
+
+
+def shm_tag(job: JobSpec | None) -> str | None:
+    """The tag of ``job``'s memfds when its roles exchange tensors in shared memory (transport/shm.py)."""
+    return job_tag(job.credential) if job is not None and job.shared_memory and job.credential else None
 
 
 def _close(logic: Any) -> None:

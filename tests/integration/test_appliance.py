@@ -125,8 +125,8 @@ def _checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(
     "mode",
-    [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}],
-    ids=["pipelined", "disk-backed-memoryx"],
+    [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}, {"data_plane": "grpc"}],
+    ids=["pipelined", "disk-backed-memoryx", "grpc-data-plane"],  # the base run uses shared memory
 )
 def test_modes_that_must_not_change_a_single_bit(tmp_path: Path, mode: dict[str, str]) -> None:
     base = tmp_path / "base"

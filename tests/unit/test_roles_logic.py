@@ -58,10 +58,10 @@ class FakeUpstream:
         self.pushed: list[tuple[int, int, dict[str, np.ndarray]]] = []
         self.gate = threading.Event()
 
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> dict[str, np.ndarray]:
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[dict[str, np.ndarray]]:
         self.gate.wait(5)
         self.fetches.append((step, unit, pass_))
-        return {"w": np.full(3, float(step * 10 + unit), dtype=np.float32)}
+        return [{"w": np.full(3, float(step * 10 + unit), dtype=np.float32)}]
 
     def push_grads(self, step: int, unit: int, grads: dict[str, np.ndarray]) -> None:
         self.pushed.append((step, unit, grads))
@@ -71,13 +71,54 @@ def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
     up = FakeUpstream()
     node = SwarmNodeLogic(num_children=8, upstream=up, timeout_s=5)
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(node.get_unit, 3, 1, 0) for _ in range(8)]
+        futures = [pool.submit(lambda: list(node.get_unit(3, 1, 0))) for _ in range(8)]
         up.gate.set()
         results = [f.result() for f in futures]
     assert up.fetches == [(3, 1, 0)]
-    assert all(np.array_equal(r["w"], results[0]["w"]) for r in results)
-    node.get_unit(3, 1, 1)  # the backward pass is another broadcast
+    assert all(len(r) == 1 and np.array_equal(r[0]["w"], results[0][0]["w"]) for r in results)
+    list(node.get_unit(3, 1, 1))  # the backward pass is another broadcast
     assert up.fetches == [(3, 1, 0), (3, 1, 1)]
+
+
+class TrickleUpstream(FakeUpstream):
+    """Yields a unit's pieces one by one, the last only when told to."""
+
+    def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
+        yield "first"
+        yield "second"
+        self.gate.wait(5)
+        yield "last"
+
+
+def test_broadcast_is_cut_through_each_piece_goes_down_as_it_arrives() -> None:
+    up = TrickleUpstream()
+    node = SwarmNodeLogic(num_children=2, upstream=up, timeout_s=5)
+    a, b = node.get_unit(0, 0, 0), node.get_unit(0, 0, 0)
+    # both children have the first pieces while upstream still holds back the last
+    assert [next(a), next(a), next(b)] == ["first", "second", "first"]
+    up.gate.set()
+    assert list(a) == ["last"] and list(b) == ["second", "last"]
+    assert node.fetches_upstream == 1
+
+
+def test_broadcast_error_reaches_every_child_and_a_stalled_upstream_times_out() -> None:
+    class Failing(FakeUpstream):
+        def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
+            yield "first"
+            raise ConnectionError("memoryx-0 went away")
+
+    node = SwarmNodeLogic(num_children=2, upstream=Failing(), timeout_s=5)
+    for child in (node.get_unit(1, 0, 0), node.get_unit(1, 0, 0)):
+        assert next(child) == "first"
+        with pytest.raises(ConnectionError, match="went away"):
+            next(child)
+    trickle = TrickleUpstream()
+    stalled = SwarmNodeLogic(num_children=1, upstream=trickle, timeout_s=0.2)
+    child = stalled.get_unit(2, 0, 0)
+    assert [next(child), next(child)] == ["first", "second"]
+    with pytest.raises(TimeoutError, match="nothing more received"):
+        next(child)
+    trickle.gate.set()  # let its puller thread finish
 
 
 @pytest.mark.parametrize("children", [1, 2, 3, 7, 16])

@@ -28,6 +28,10 @@ class RoleSpec:
 
 
 class Backend(Protocol):
+    # every role runs on this host, in this PID namespace, as this user: roles can map each other's
+    # memfds (the shared-memory data plane, transport/shm.py)
+    co_located: bool
+
     def start(self, roles: list[RoleSpec], credential: str) -> None:
         """Start every role. ``credential`` is the job's role token: each role must receive it from a
         file or a Kubernetes Secret (never a command line or an inherited environment)."""

@@ -27,6 +27,7 @@ def describe_exit(rc: int) -> str:
 
 
 class LocalProcessBackend:
+    co_located = True  # processes on this host: the shared-memory data plane works between them
     """Every role as a child process of this one, talking gRPC over loopback (127.0.0.1).
 
     Each role writes its port to a ready file in ``run_dir`` and its output to ``run_dir/<role>.log``.

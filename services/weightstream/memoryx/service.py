@@ -14,7 +14,7 @@ from weightstream.numerics.optim import state_names
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.role import RoleHost
+from weightstream.role import RoleHost, shm_tag
 from weightstream.transport.fencing import generation_of
 from weightstream.transport.rpc import (
     abort_on_error,
@@ -24,6 +24,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     unary,
 )
+from weightstream.transport.shm import REFERENCES_ONLY, SharedArena
 from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["MemoryXServicer", "add_servicer", "build", "reconfigure"]
@@ -45,6 +46,9 @@ def build(job: JobSpec) -> MemoryXShard:
             storage.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ValueError(f"runconfig.memoryx_dir: cannot make {storage.parent}: {e.strerror}") from e
+    # memory mode on the shared-memory plane: the weights live in memfds the workers map (no copies)
+    tag = shm_tag(job)
+    arena = SharedArena(tag) if tag is not None and storage is None else None
     return MemoryXShard(
         model,
         optimizer_config(params.optimizer),
@@ -54,6 +58,7 @@ def build(job: JobSpec) -> MemoryXShard:
         resume,
         storage_dir=storage,
         generation=job.generation,
+        arena=arena,
     )
 
 
@@ -107,15 +112,18 @@ class MemoryXServicer:
             tensors = shard.tensors(request.step, list(request.names))
             bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
             crcs = None if bf16 else shard.checksums(tensors)
+            # weights in memfds travel by reference; bfloat16 needs a converted copy: over gRPC then
+            shm = REFERENCES_ONLY if shard.shares_weights and not bf16 else None
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_messages(tensors, bf16=bf16, crcs=crcs)
+        yield from tensor_messages(tensors, bf16=bf16, crcs=crcs, shm=shm)
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
         gen = generation_of(context.invocation_metadata())
+        tag = shm_tag(self.host.job)
         return receive_tensors(
-            context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g, gen)
+            context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g, gen), tag
         )
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,6 +38,8 @@ from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import add_sq_sum, optimizer_step, state_names
 from weightstream.transport.fencing import check_generation
+from weightstream.transport.shm import SharedArena
+from weightstream.transport.tensors import checksum
 
 __all__ = ["MemoryXShard", "StaleStepError"]
 
@@ -60,11 +61,16 @@ class MemoryXShard:
         resume_dir: str | None = None,
         storage_dir: Path | None = None,
         generation: int = 0,
+        arena: SharedArena | None = None,
     ) -> None:
         """``storage_dir``: keep weights, optimizer state and gradients in files there instead of RAM, so
-        a shard can hold more than the machine's memory (the kernel's page cache keeps the hot part)."""
+        a shard can hold more than the machine's memory (the kernel's page cache keeps the hot part).
+        ``arena`` (memory mode): keep the weights in memfds that co-located workers map (the shard owns
+        and closes it)."""
         self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
-        self.store: TensorStore = DiskStore(storage_dir) if storage_dir is not None else MemoryStore()
+        self.store: TensorStore = (
+            DiskStore(storage_dir) if storage_dir is not None else MemoryStore(arena, self.names)
+        )
         self.state_keys = {n: [f"{n}.{k}" for k in state_names(opt.kind)] for n in self.names}
         # which units contribute a gradient to each tensor (two for a tied embedding)
         self.users = {
@@ -133,6 +139,11 @@ class MemoryXShard:
                 raise KeyError(f"tensors not on this shard: {missing}")
         return [(n, self.store.get(n)) for n in names]  # disk: read outside the lock
 
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the weights live in memfds (the shared-memory plane), so they are sent by reference."""
+        return isinstance(self.store, MemoryStore) and self.store.arena is not None
+
     def weight(self, name: str) -> np.ndarray:
         return self.store.get(name)
 
@@ -141,10 +152,10 @@ class MemoryXShard:
         return {key.rsplit(".", 1)[1]: self.store.get(key) for key in self.state_keys[name]}
 
     def checksums(self, tensors: Sequence[tuple[str, np.ndarray]]) -> dict[str, int]:
-        """crc32 of ``tensors`` (as ``tensors()`` returned them), cached until the next update."""
+        """CRC-32C of ``tensors`` (as ``tensors()`` returned them), cached until the next update."""
         with self._cond:
             missing = [(n, t) for n, t in tensors if n not in self._crcs]
-        fresh = {n: zlib.crc32(memoryview(t.reshape(-1).view(np.uint8))) for n, t in missing}
+        fresh = {n: checksum(t.reshape(-1).view(np.uint8)) for n, t in missing}
         with self._cond:
             self._crcs.update(fresh)
             return {n: self._crcs[n] for n, _ in tensors}
@@ -239,16 +250,14 @@ class MemoryXShard:
                 return False
             if step > self.step or self._sq_sum is None:
                 raise StaleStepError(f"update of step {step} requested, shard is at step {self.step}")
-            coef = np.float32(clip_coef)
             names = state_names(self.opt.kind)
             for n in self.names:
                 grad = self._grad_key(n)
 
                 def update(blocks: list[np.ndarray]) -> None:
                     w, g, *st = blocks
-                    if clip_coef != 1.0:
-                        g *= coef
-                    optimizer_step(self.opt, w, g, dict(zip(names, st, strict=True)), step=step + 1, lr=lr)
+                    state = dict(zip(names, st, strict=True))
+                    optimizer_step(self.opt, w, g, state, step=step + 1, lr=lr, scale=clip_coef)
 
                 # block by block: weight, gradient and state in, weight and state back
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])

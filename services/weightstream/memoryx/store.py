@@ -23,10 +23,12 @@ import os
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from weightstream.transport.shm import SharedArena
 
 __all__ = ["BLOCK_ELEMENTS", "DiskStore", "MemoryStore", "TensorStore"]
 
@@ -76,13 +78,28 @@ class TensorStore(ABC):
 
 
 class MemoryStore(TensorStore):
-    def __init__(self) -> None:
+    def __init__(self, arena: SharedArena | None = None, shared: Collection[str] = ()) -> None:
+        """With ``arena``, the tensors ``shared`` (the weights) live in memfds of their own, which
+        co-located workers map instead of receiving copies (transport/shm.py)."""
         super().__init__()
         self.arrays: dict[str, np.ndarray] = {}
+        self.arena, self.shared = arena, frozenset(shared) if arena is not None else frozenset()
 
     def put(self, key: str, value: np.ndarray) -> None:
-        self.arrays[key] = np.ascontiguousarray(value, dtype=np.float32)
+        if key in self.shared:
+            assert self.arena is not None
+            arr = self.arena.empty(value.shape)
+            arr[...] = value
+            self._release(key)
+            self.arrays[key] = arr
+        else:
+            self.arrays[key] = np.ascontiguousarray(value, dtype=np.float32)
         self.shapes[key] = value.shape
+
+    def _release(self, key: str) -> None:
+        old = self.arrays.get(key)
+        if old is not None and key in self.shared and self.arena is not None:
+            self.arena.release(old)
 
     def zeros(self, key: str, shape: tuple[int, ...]) -> None:
         self.put(key, np.zeros(shape, dtype=np.float32))
@@ -101,12 +118,15 @@ class MemoryStore(TensorStore):
         fn([self.arrays[k].reshape(-1) for k in keys])  # the whole arrays: one block
 
     def drop(self, key: str) -> None:
+        self._release(key)
         self.arrays.pop(key, None)
         self.shapes.pop(key, None)
 
     def close(self) -> None:
         super().close()
         self.arrays.clear()
+        if self.arena is not None:
+            self.arena.close()
 
 
 class DiskStore(TensorStore):

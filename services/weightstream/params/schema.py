@@ -173,6 +173,9 @@ class RunConfig(_Section):
     # disk: each MemoryX shard keeps weights, optimizer state and the step's gradients in files under
     # memoryx_dir (default model_dir/.memoryx), so the shards together can hold more than RAM
     memoryx_storage: Literal["memory", "disk"] = "memory"
+    # how tensor bytes travel between roles: shared_memory (memfds; only the header over gRPC) needs every
+    # role on one host; auto: shared_memory with the local backend, grpc on Kubernetes
+    data_plane: Literal["auto", "grpc", "shared_memory"] = "auto"
     memoryx_dir: str | None = None
     # false: checkpoints hold the weights only (loadable by Hugging Face, not resumable); halves their size
     # and more for Adam

@@ -20,20 +20,24 @@ class StreamHead(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unit: _Optional[int] = ..., phase: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "crc32")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "crc32c", "shm_pid", "shm_fd")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SHM_PID_FIELD_NUMBER: _ClassVar[int]
+    SHM_FD_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     nbytes: int
-    crc32: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., crc32: _Optional[int] = ...) -> None: ...
+    crc32c: int
+    shm_pid: int
+    shm_fd: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., shm_pid: _Optional[int] = ..., shm_fd: _Optional[int] = ...) -> None: ...
 
 class TensorSetHeader(_message.Message):
     __slots__ = ("head", "tensors", "total_bytes")

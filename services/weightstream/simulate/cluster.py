@@ -38,7 +38,9 @@ class Cluster:
     # -- links: one hop is MemoryX -> SwarmX, SwarmX -> SwarmX or SwarmX -> worker (and back up) -------
     link_bandwidth: float = 12.5e9  # bytes/s of one link, each direction (100 GbE)
     link_latency_s: float = 5e-6  # per hop and transfer: a request, the first byte, the handshake
-    relay: Relay = "store_and_forward"  # weightstream's SwarmX takes a whole unit before it passes it on
+    # how SwarmX passes a broadcast on: weightstream's forwards each message as it arrives (cut_through);
+    # store_and_forward takes the whole unit first. The reduction is store and forward either way.
+    relay: Relay = "cut_through"
     # -- SwarmX ------------------------------------------------------------------------------------------
     swarmx_fanout: int = 4
     swarmx_bandwidth: float = 12.5e9  # bytes/s one node sends in all (its children share it) and takes in

@@ -3,8 +3,9 @@
 A step as ``training/runner.py`` and ``worker/engine.py`` run it:
   1. the coordinator calls RunStep on every worker (the barrier starts the step);
   2. each worker streams units in for forward, one at a time, fetching unit u+1 while it computes u;
-     each fetch is a broadcast down the SwarmX tree: pull, single flight, and (``store_and_forward``,
-     as ``swarmx/node.py`` does) a node takes the whole unit before it serves its children;
+     each fetch is a broadcast down the SwarmX tree: pull, single flight, and (``cut_through``, as
+     ``swarmx/node.py`` does) a node passes each message on as it arrives (``store_and_forward``: it
+     takes the whole unit before it serves its children);
   3. backward in reverse: the last unit's weights are kept from forward, every other unit streams in
      again (not in ``pipelined`` mode), and each unit's gradient is pushed up while the next computes,
      at most one push in flight: a push returns once the whole reduction path has taken the sum;
@@ -185,10 +186,8 @@ def predict_one(cluster: Cluster, workload: Workload, n: int) -> Prediction | No
         _path(cluster, hop_times(cluster, u.wire_bytes, tree.fans, False), u.wire_bytes)
         for u in workload.units
     ]
-    reduce = [
-        _path(cluster, hop_times(cluster, u.grad_bytes, tree.fans, True), u.grad_bytes)
-        for u in workload.units
-    ]
+    # a node sums its children's whole gradients before it pushes the sum on: store and forward
+    reduce = [sum(hop_times(cluster, u.grad_bytes, tree.fans, True)) for u in workload.units]
     tl = _worker_step(comp, bcast, reduce, workload.pipelined)
     worker_s = tl.compute + tl.wait_weights + tl.wait_grads
     cores_s = 0.0

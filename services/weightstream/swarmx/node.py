@@ -2,8 +2,10 @@
 
 Broadcast: children *pull* a unit; the first request for (step, unit, pass) fetches it from upstream
 once and every other child is served the same copy (single flight), so weights leave MemoryX once per
-pass per tree, not once per worker. The copy is whatever the upstream returns: the gRPC node keeps the
-raw messages and relays them without decoding (the worker checks the checksums end to end).
+pass per tree, not once per worker. The copy is whatever the upstream yields: the gRPC node keeps the raw
+messages and relays them without decoding (the worker checks the checksums end to end). Cut-through: each
+message goes down as soon as it has arrived, so a tree of depth d costs about one unit's transfer plus d
+messages, not d whole units (store-and-forward, which `weightstream simulate` shows breaking scaling).
 Reduce: each child pushes its gradient of a unit; when all children have, they are summed in child
 order (never arrival order) and pushed upstream as one.
 """
@@ -11,8 +13,8 @@ order (never arrival order) and pushed upstream as one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,21 +22,49 @@ import numpy as np
 __all__ = ["SwarmNodeLogic", "Upstream", "sum_in_order"]
 
 Tensors = dict[str, np.ndarray]
-Unit = Any  # what the upstream hands down: raw messages over gRPC, anything in tests
+Unit = Any  # a piece of what the upstream hands down: a raw message over gRPC, anything in tests
 
 
 class Upstream(Protocol):
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> Unit: ...
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterable[Unit]: ...
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
 
 
-@dataclass
 class _Flight:
-    remaining: int
-    done: threading.Event = field(default_factory=threading.Event)
-    unit: Unit = None
-    error: BaseException | None = None
+    """One (step, unit, pass) on its way down: what upstream yields is kept in order, and each child reads
+    it at its own pace, waiting only for what has not arrived yet."""
+
+    def __init__(self, remaining: int) -> None:
+        self.remaining = remaining  # children that have not finished reading it
+        self.items: list[Unit] = []
+        self.done = False
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+
+    def add(self, item: Unit) -> None:
+        with self.cond:
+            self.items.append(item)
+            self.cond.notify_all()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        with self.cond:
+            self.done, self.error = True, error
+            self.cond.notify_all()
+
+    def read(self, what: str, timeout_s: float) -> Iterator[Unit]:
+        i = 0
+        while True:
+            with self.cond:
+                if not self.cond.wait_for(lambda i=i: i < len(self.items) or self.done, timeout_s):
+                    raise TimeoutError(f"{what}: nothing more received after {timeout_s}s")
+                if i >= len(self.items):
+                    if self.error is not None:
+                        raise self.error
+                    return
+                item = self.items[i]
+            i += 1
+            yield item
 
 
 def sum_in_order(parts: list[Mapping[str, np.ndarray]]) -> Tensors:
@@ -56,6 +86,9 @@ class SwarmNodeLogic:
         self._grads: dict[tuple[int, int], list[Mapping[str, np.ndarray] | None]] = {}
         self.fetches_upstream = 0  # how many units this node pulled from upstream (broadcast accounting)
         self._closed = False
+        # one thread per unit in flight: a worker prefetches one unit ahead, and a pass may still be
+        # draining while the next begins
+        self._pullers = ThreadPoolExecutor(4, thread_name_prefix="swarmx-pull")
 
     def close(self) -> None:
         """Stop (the job was reconfigured after a fault): children waiting for a unit are released with an
@@ -64,41 +97,44 @@ class SwarmNodeLogic:
             self._closed = True
             flights, self._flights, self._grads = list(self._flights.values()), {}, {}
         for flight in flights:
-            if not flight.done.is_set():
-                flight.error = RuntimeError("this SwarmX node was reconfigured: the step is abandoned")
-                flight.done.set()
+            if not flight.done:
+                flight.finish(RuntimeError("this SwarmX node was reconfigured: the step is abandoned"))
+        self._pullers.shutdown(wait=False, cancel_futures=True)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this SwarmX node was reconfigured: the step is abandoned")
 
-    def get_unit(self, step: int, unit: int, pass_: int) -> Unit:
+    def get_unit(self, step: int, unit: int, pass_: int) -> Iterator[Unit]:
+        """The unit's pieces as they arrive; the first child to ask makes this node fetch it."""
         key = (step, unit, pass_)
         with self._lock:
             self._check_open()
             flight = self._flights.get(key)
-            leader = flight is None
             if flight is None:
                 flight = self._flights[key] = _Flight(remaining=self.num_children)
-        if leader:
-            try:
-                flight.unit = self.upstream.fetch_unit(step, unit, pass_)
-                self.fetches_upstream += 1
-            except BaseException as e:
-                flight.error = e
-            finally:
-                flight.done.set()
-        elif not flight.done.wait(self.timeout_s):
-            raise TimeoutError(
-                f"unit {unit} of step {step} (pass {pass_}) not received after {self.timeout_s}s"
-            )
-        with self._lock:
-            flight.remaining -= 1
-            if flight.remaining <= 0 and self._flights.get(key) is flight:
-                del self._flights[key]  # every child has it: forget it, memory stays one unit per pass
-        if flight.error is not None:
-            raise flight.error
-        return flight.unit
+                self._pullers.submit(self._pull, key, flight)
+        return self._serve(key, flight)
+
+    def _pull(self, key: tuple[int, int, int], flight: _Flight) -> None:
+        """Upstream into the flight, in a thread of its own: no child's pace slows the others."""
+        try:
+            for item in self.upstream.fetch_unit(*key):
+                flight.add(item)
+            self.fetches_upstream += 1
+            flight.finish()
+        except BaseException as e:
+            flight.finish(e)
+
+    def _serve(self, key: tuple[int, int, int], flight: _Flight) -> Iterator[Unit]:
+        step, unit, pass_ = key
+        try:
+            yield from flight.read(f"unit {unit} of step {step} (pass {pass_})", self.timeout_s)
+        finally:
+            with self._lock:
+                flight.remaining -= 1
+                if flight.remaining <= 0 and self._flights.get(key) is flight:
+                    del self._flights[key]  # every child has it: forget it, memory stays one unit per pass
 
     def push_grads(self, step: int, unit: int, child: int, grads: Mapping[str, np.ndarray]) -> None:
         """Store one child's gradient; the last child to arrive sums and pushes upstream (its call

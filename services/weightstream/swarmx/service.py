@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -11,7 +12,7 @@ from weightstream.numerics import ModelDef
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.role import RoleHost
+from weightstream.role import RoleHost, shm_tag
 from weightstream.swarmx.node import SwarmNodeLogic, Tensors
 from weightstream.transport.rpc import (
     abort_on_error,
@@ -25,6 +26,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     tensors_out_client,
 )
+from weightstream.transport.shm import SharedArena, scratch
 from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
@@ -42,15 +44,17 @@ class MemoryXUpstream:
         bf16: bool,
         token: str,
         generation: int,
+        arena: SharedArena | None = None,
     ) -> None:
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
-        self.addresses = addresses
+        self.addresses, self.arena = addresses, arena
         channels = [open_channel(a, token, generation) for a in addresses]
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
         ]
         self.push = [tensors_in_client(c, "MemoryX", "PushGradients", pb.Ack) for c in channels]
-        self._pool = ThreadPoolExecutor(max(1, len(addresses)), thread_name_prefix="memoryx-io")
+        # a unit's shards stream in parallel; a few units may be in flight at once (prefetch, two passes)
+        self._pool = ThreadPoolExecutor(max(2, 4 * len(addresses)), thread_name_prefix="memoryx-io")
 
     def _by_shard(self, names: list[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -58,66 +62,97 @@ class MemoryXUpstream:
             out.setdefault(self.plan.tensor_shard[n], []).append(n)
         return out
 
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[bytes]:
-        """The unit's raw messages: one segment per shard holding some of its tensors, in shard order."""
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterator[bytes]:
+        """The unit's raw messages as they arrive: one segment per shard holding some of its tensors, in
+        shard order. Every shard streams at once; a later shard's messages wait here for the earlier's."""
         names = list(self.model.units[unit].param_names)
+        groups = sorted(self._by_shard(names).items())
+        if len(groups) == 1:
+            yield from self._fetch(step, *groups[0])
+            return
+        queues: list[queue.SimpleQueue[bytes | BaseException | None]] = [queue.SimpleQueue() for _ in groups]
+        for q, (shard, shard_names) in zip(queues, groups, strict=True):
+            self._pool.submit(_drain, q, lambda s=shard, n=shard_names: self._fetch(step, s, n))
+        for (shard, _), q in zip(groups, queues, strict=True):
+            while (item := _next(q, self.timeout_s, f"memoryx-{shard}")) is not None:
+                yield item
 
-        def fetch(shard: int, shard_names: list[str]) -> list[bytes]:
-            peer = f"memoryx-{shard} ({self.addresses[shard]})"
-            it = call(
-                peer,
-                "GetTensors",
-                self.get_tensors[shard],
-                pb.TensorRequest(step=step, names=shard_names),
-                timeout=self.timeout_s,
-            )
-            return list(stream(peer, "GetTensors", it))
-
-        parts = self._pool.map(lambda kv: fetch(*kv), sorted(self._by_shard(names).items()))
-        return [msg for part in parts for msg in part]
+    def _fetch(self, step: int, shard: int, shard_names: list[str]) -> Iterator[bytes]:
+        peer = f"memoryx-{shard} ({self.addresses[shard]})"
+        request = pb.TensorRequest(step=step, names=shard_names)
+        it = call(peer, "GetTensors", self.get_tensors[shard], request, timeout=self.timeout_s)
+        return stream(peer, "GetTensors", it)
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         def push(shard: int, shard_names: list[str]) -> None:
-            msgs = tensor_messages(
-                [(n, grads[n]) for n in shard_names], pb.StreamHead(step=step, unit=unit), self.bf16
-            )
-            call(
-                f"memoryx-{shard} ({self.addresses[shard]})",
-                "PushGradients",
-                self.push[shard],
-                msgs,
-                timeout=self.timeout_s,
-            )
+            with scratch(self.arena) as shm:
+                msgs = tensor_messages(
+                    [(n, grads[n]) for n in shard_names],
+                    pb.StreamHead(step=step, unit=unit),
+                    self.bf16,
+                    shm=shm,
+                )
+                call(
+                    f"memoryx-{shard} ({self.addresses[shard]})",
+                    "PushGradients",
+                    self.push[shard],
+                    msgs,
+                    timeout=self.timeout_s,
+                )
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
+
+
+def _drain(q: queue.SimpleQueue[bytes | BaseException | None], fetch: Callable[[], Iterator[bytes]]) -> None:
+    """One shard's stream into ``q``, then None (or the error)."""
+    try:
+        for msg in fetch():
+            q.put(msg)
+        q.put(None)
+    except BaseException as e:
+        q.put(e)
+
+
+def _next(q: queue.SimpleQueue[bytes | BaseException | None], timeout_s: float, peer: str) -> bytes | None:
+    try:
+        item = q.get(timeout=timeout_s)
+    except queue.Empty:
+        raise TimeoutError(f"{peer}: nothing received for {timeout_s}s") from None
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 class ParentUpstream:
     """An inner node's upstream: its parent SwarmX node, where this node is child ``slot``."""
 
     def __init__(
-        self, address: str, slot: int, timeout_s: float, bf16: bool, name: str, token: str, generation: int
+        self,
+        address: str,
+        slot: int,
+        timeout_s: float,
+        bf16: bool,
+        name: str,
+        token: str,
+        generation: int,
+        arena: SharedArena | None = None,
     ) -> None:
+        self.arena = arena
         channel = open_channel(address, token, generation)
         self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self.push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
 
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[bytes]:
-        it = call(
-            self.peer,
-            "GetUnit",
-            self.get_unit,
-            pb.UnitRequest(step=step, unit=unit, phase=pass_),
-            timeout=self.timeout_s,
-        )
-        return list(stream(self.peer, "GetUnit", it))
+    def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterator[bytes]:
+        request = pb.UnitRequest(step=step, unit=unit, phase=pass_)
+        it = call(self.peer, "GetUnit", self.get_unit, request, timeout=self.timeout_s)
+        return stream(self.peer, "GetUnit", it)
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        msgs = tensor_messages(
-            grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
-        )
-        call(self.peer, "PushGradients", self.push, msgs, timeout=self.timeout_s)
+        with scratch(self.arena) as shm:
+            head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
+            msgs = tensor_messages(grads.items(), head, self.bf16, shm=shm)
+            call(self.peer, "PushGradients", self.push, msgs, timeout=self.timeout_s)
 
 
 def build(job: JobSpec) -> SwarmNodeLogic:
@@ -125,9 +160,18 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     plan = Plan.from_dict(job.plan)
     node = plan.swarm[job.index]
     timeout, bf16 = params.runconfig.rpc_timeout_s, params.model.fp16_type == "bfloat16"
+    tag = shm_tag(job)
+    arena = SharedArena(tag) if tag is not None else None  # scratch for gradients going up
     if node.parent is None:
         upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
-            model_def(params), plan, job.addresses["memoryx"], timeout, bf16, job.credential, job.generation
+            model_def(params),
+            plan,
+            job.addresses["memoryx"],
+            timeout,
+            bf16,
+            job.credential,
+            job.generation,
+            arena,
         )
     else:
         upstream = ParentUpstream(
@@ -138,6 +182,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             f"swarmx-{node.parent}",
             job.credential,
             job.generation,
+            arena,
         )
     return SwarmNodeLogic(len(node.children), upstream, timeout)
 
@@ -151,15 +196,16 @@ class SwarmXServicer:
     def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         node: SwarmNodeLogic = self.host.logic(context)
         try:
-            messages = node.get_unit(request.step, request.unit, request.phase)
+            # relayed as received, each message as soon as it is here
+            yield from node.get_unit(request.step, request.unit, request.phase)
         except Exception as e:
             abort_on_error(context, e)
-        yield from messages  # relayed as received
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
+        tag = shm_tag(self.host.job)
         return receive_tensors(
-            context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g)
+            context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g), tag
         )
 
 

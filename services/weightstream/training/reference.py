@@ -68,9 +68,9 @@ class ReferenceTrainer:
         check_finite(self.step + 1, loss=loss, gradient_norm=norm)  # raises before the update
         lr = self.opt.learning_rate(self.step)
         for name, g in grads.items():
-            if coef != 1.0:
-                g *= np.float32(coef)
-            optimizer_step(self.opt, self.weights[name], g, self.state[name], step=self.step + 1, lr=lr)
+            optimizer_step(
+                self.opt, self.weights[name], g, self.state[name], step=self.step + 1, lr=lr, scale=coef
+            )
         self.step += 1
         return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
 

@@ -18,12 +18,23 @@ from weightstream.backends.base import Backend, RoleSpec
 from weightstream.plan import ROLE_KINDS, JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
-from weightstream.training.errors import RoleFault
+from weightstream.training.errors import JobFailed, RoleFault
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["RolePlane"]
 
 T = TypeVar("T")
+
+
+def uses_shared_memory(data_plane: str, backend: Backend) -> bool:
+    """Whether roles exchange tensors in shared memory (``runconfig.data_plane``; transport/shm.py)."""
+    co_located = getattr(backend, "co_located", False)
+    if data_plane == "shared_memory" and not co_located:
+        raise JobFailed(
+            "runconfig.data_plane: shared_memory needs every role on one host (the local backend); "
+            "use auto or grpc"
+        )
+    return data_plane == "shared_memory" or (data_plane == "auto" and co_located)
 
 
 class RolePlane:
@@ -38,6 +49,7 @@ class RolePlane:
     ) -> None:
         self.backend, self.plan, self.params, self.job_id = backend, plan, params, job_id
         self.credential, self.timeout_s = credential, timeout_s
+        self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
         self.addresses: dict[str, list[str]] = {}
         self.generation = 0
         self.workers: list[Any] = []
@@ -122,6 +134,7 @@ class RolePlane:
                     self.job_id,
                     generation=self.generation,
                     keep_state=keep_state,
+                    shared_memory=self.shared_memory,
                 )
                 call(
                     f"{kind}-{i}",

@@ -112,12 +112,14 @@ def receive_tensors(
     context: grpc.ServicerContext,
     messages: Iterator[bytes],
     handle: Callable[[pb.StreamHead, dict[str, np.ndarray]], None],
+    shm_tag: str | None = None,
 ) -> pb.Ack:
     """The body of every client-streaming tensor RPC (gradients pushed to SwarmX or MemoryX): read the
     whole stream, checking every checksum; it must open with a StreamHead saying whose tensors they are;
-    hand both to ``handle``, and map any error to a status code."""
+    hand both to ``handle``, and map any error to a status code. ``shm_tag``: the job's memfd tag when the
+    sender may leave the bytes in shared memory."""
     try:
-        head, tensors = read_messages(messages)
+        head, tensors = read_messages(messages, shm_tag)
         if head is None:
             raise ValueError("a tensor stream pushed to a role must open with a StreamHead")
         handle(head, tensors)

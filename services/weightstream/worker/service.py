@@ -12,7 +12,7 @@ from weightstream.params import Params, load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
-from weightstream.role import RoleHost
+from weightstream.role import RoleHost, shm_tag
 from weightstream.transport.rpc import (
     abort_on_error,
     call,
@@ -21,6 +21,7 @@ from weightstream.transport.rpc import (
     tensors_in_client,
     tensors_out_client,
 )
+from weightstream.transport.shm import SharedArena, scratch
 from weightstream.transport.tensors import read_messages, tensor_messages
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
@@ -34,8 +35,20 @@ class SwarmParent:
     """Weights from, and gradients to, this worker's SwarmX node (where it is child ``slot``)."""
 
     def __init__(
-        self, address: str, name: str, slot: int, timeout_s: float, bf16: bool, token: str, generation: int
+        self,
+        address: str,
+        name: str,
+        slot: int,
+        timeout_s: float,
+        bf16: bool,
+        token: str,
+        generation: int,
+        shm_tag: str | None = None,
     ) -> None:
+        """``shm_tag``: the job's memfd tag on the shared-memory plane: weights are mapped from MemoryX and
+        gradients leave in memfds (transport/shm.py)."""
+        self.shm_tag = shm_tag
+        self.arena = SharedArena(shm_tag) if shm_tag is not None else None
         channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
@@ -44,13 +57,13 @@ class SwarmParent:
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         req = pb.UnitRequest(step=step, unit=unit, phase=phase)
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
-        return read_messages(stream(self.peer, "GetUnit", it))[1]
+        return read_messages(stream(self.peer, "GetUnit", it), self.shm_tag)[1]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        msgs = tensor_messages(
-            grads.items(), pb.StreamHead(step=step, unit=unit, sender=self.slot), self.bf16
-        )
-        call(self.peer, "PushGradients", self._push, msgs, timeout=self.timeout_s)
+        with scratch(self.arena) as shm:
+            head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
+            msgs = tensor_messages(grads.items(), head, self.bf16, shm=shm)
+            call(self.peer, "PushGradients", self._push, msgs, timeout=self.timeout_s)
 
 
 class ActivationClient:
@@ -80,6 +93,7 @@ def build(job: JobSpec) -> WorkerEngine:
         params.model.fp16_type == "bfloat16",
         job.credential,
         job.generation,
+        shm_tag(job),
     )
     address, name = job.addresses["activation"][act], f"activation-{act}"
     batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)

@@ -66,6 +66,7 @@ def cluster(**kw: Any) -> Cluster:
         "swarmx_reduce_rate": GB,
         "memoryx_bandwidth": GB,
         "memoryx_update_rate": 1e12,
+        "relay": "store_and_forward",  # the timelines by hand below assume whole units per hop
     }
     return Cluster(**{**fields, **kw})
 
@@ -120,6 +121,20 @@ def test_broadcast_bound_timeline_by_hand() -> None:
     assert p.terms["reduce"] == pytest.approx(2.0)
     assert p.terms["compute"] + p.terms["broadcast"] + p.terms["reduce"] == pytest.approx(14.5)
     assert p.limit == "broadcast"
+
+
+def test_cut_through_broadcast_pays_one_hop_and_a_message_per_other_hop() -> None:
+    # the broadcast case above, cut through (as swarmx/node.py relays): a 1 GB unit over 2 hops of 1 s
+    # arrives after b = 1 s + one 4 MiB message at the other hop. Forward: fill b, then 2 waits of b - 0.5;
+    # backward: unit 1's fetch (started after the head's backward) b, unit 0's b - 1 -> 5b - 2 in all.
+    # The reduction still takes each hop whole (2 s): unit 1's push (4b + 2.5 to 4b + 4.5) is still going
+    # when unit 0's backward ends (5b + 2.5), so the worker waits 2 - b for it, then the 2 s drain.
+    assert cerebras_like().relay == "cut_through"  # the default: how swarmx/node.py relays
+    b = 1.0 + (4 << 20) / GB
+    p = predict_one(cluster(relay="cut_through"), workload(flops=0.5e12), 1)
+    assert p is not None
+    assert p.terms["broadcast"] == pytest.approx(5 * b - 2)
+    assert p.terms["reduce"] == pytest.approx(4 - b)
 
 
 def test_reduce_bound_timeline_by_hand() -> None:

@@ -108,6 +108,8 @@ def _ready(pod: Any) -> bool:
 
 
 class KubernetesBackend:
+    co_located = False  # pods: tensor bytes go over gRPC
+
     def __init__(
         self,
         job_id: str,

@@ -1,0 +1,249 @@
+"""The shared-memory data plane of co-located roles: tensor bytes lie in memfds, gRPC carries the header.
+
+Over gRPC on loopback every hop costs the CPU a serialisation into HTTP/2 frames, two kernel copies, a
+copy into a receive buffer and a checksum pass, and on a small machine that CPU is taken from the
+workers' compute. Between roles on one host (the local backend) the sender instead leaves the bytes in a
+memfd and sends only the header naming ``(pid, fd, offset)``; the receiver maps that memfd read-only and
+computes on the mapping: no copy at all for weights, which MemoryX keeps in memfds for good, and one copy
+for a gradient (into a memfd the pusher holds open until the call returns). A SwarmX relay forwards the
+header alone. The receiver still checks every tensor's CRC-32C, end to end, as on the gRPC path.
+
+Why memfd + ``/proc/<pid>/fd/<fd>`` rather than named ``/dev/shm`` segments: a memfd has no name that can
+outlive its processes. It lives while its owner holds the fd or anyone maps it, so a SIGKILLed role leaks
+nothing, and a receiver's mapping stays valid after the sender lets go. Who may open it: the kernel lets
+only a process of the same user (with ptrace read access) open another's ``/proc/<pid>/fd``. Which memfds
+a role opens: only those whose name carries its job's tag, a hash of the role credential (never sent), so
+an authenticated peer cannot point it at another job's memory or at any other file; and every mapping is
+read-only, so a faulty receiver cannot corrupt the sender's weights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import hashlib
+import mmap
+import os
+import resource
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from weightstream.transport.errors import ProtocolError
+
+__all__ = ["REFERENCES_ONLY", "Location", "SharedArena", "attach", "job_tag", "locate", "scratch"]
+
+_PREFIX = "weightstream-"
+
+
+def job_tag(credential: str) -> str:
+    """The name every memfd of a job carries: derived from the role credential, so only the job's roles
+    know it, and revealing it (it shows in /proc to the same user) reveals nothing of the credential."""
+    return hashlib.sha256(b"weightstream-shm\0" + credential.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an array's bytes lie: memfd ``fd`` of process ``pid``, from ``offset``."""
+
+    pid: int
+    fd: int
+    offset: int
+
+
+class _Regions:
+    """The memfd mappings of this process by address, with the memfd each one shows, so that an array
+    living in one (a weight MemoryX owns, a gradient a relay received) is sent by reference, not copied."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._regions: dict[int, tuple[int, int, int]] = {}  # start -> (end, pid, fd)
+
+    def add(self, start: int, end: int, pid: int, fd: int) -> None:
+        with self._lock:
+            bisect.insort(self._starts, start)
+            self._regions[start] = (end, pid, fd)
+
+    def remove(self, start: int) -> None:
+        with self._lock:
+            if self._regions.pop(start, None) is not None:
+                self._starts.pop(bisect.bisect_left(self._starts, start))
+
+    def find(self, address: int, nbytes: int) -> Location | None:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i < 0:
+                return None
+            start = self._starts[i]
+            end, pid, fd = self._regions[start]
+            return Location(pid, fd, address - start) if address + nbytes <= end else None
+
+
+_REGIONS = _Regions()
+
+
+def locate(arr: np.ndarray) -> Location | None:
+    """The memfd location of a C-contiguous array living in a memfd mapping of this process, else None.
+
+    For a mapping this process received, the location is the sender's, valid only while the sender holds
+    that fd: during the call that delivered it. Relays send received tensors by reference only within it
+    (a single-child SwarmX node passing a gradient up); anything kept longer is copied before it is sent."""
+    if not arr.flags.c_contiguous or arr.nbytes == 0:
+        return None
+    return _REGIONS.find(arr.ctypes.data, arr.nbytes)
+
+
+# libc's mmap, not Python's: mmap.mmap keeps a dup of the fd for as long as the mapping lives (until
+# Python 3.13's trackfd=False), so every mapping would hold its memfd open and a lease could not close it.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _unmap(start: int, size: int) -> None:
+    _REGIONS.remove(start)
+    _libc.munmap(start, size)
+
+
+def _map(fd: int, size: int, pid: int, origin_fd: int, writable: bool) -> np.ndarray:
+    """Map ``size`` bytes of memfd ``fd`` as a uint8 array; unmapped once no view of it is left."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    # MAP_POPULATE: build the page tables now, in one call, instead of one fault per page on first touch
+    start = _libc.mmap(None, size, prot, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+    if start is None or start == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+    owner = (ctypes.c_char * size).from_address(start)
+    _REGIONS.add(start, start + size, pid, origin_fd)
+    weakref.finalize(owner, _unmap, start, size)
+    view = memoryview(owner).cast("B")
+    # read-only all the way down: numpy refuses to make a view of a read-only buffer writable again
+    return np.frombuffer(view if writable else view.toreadonly(), dtype=np.uint8)
+
+
+def attach(pid: int, fd: int, tag: str) -> np.ndarray:
+    """Read-only uint8 view of the whole of process ``pid``'s memfd ``fd``, which must carry this job's
+    ``tag``. Errors name the memfd; no fd is left open (the mapping keeps the memory)."""
+    where = f"/proc/{pid}/fd/{fd}"
+    try:
+        target = os.readlink(where)
+        if not target.startswith(f"/memfd:{_PREFIX}{tag} "):
+            raise ProtocolError(f"shared memory {where} is not one of this job's memfds ({target!r})")
+        handle = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ProtocolError(
+            f"cannot open shared memory {where}: {e.strerror} (are the roles on one host? "
+            "runconfig.data_plane: grpc sends the bytes over gRPC instead)"
+        ) from e
+    try:
+        size = os.fstat(handle).st_size
+        return _map(handle, size, pid, fd, writable=False) if size else np.empty(0, dtype=np.uint8)
+    finally:
+        os.close(handle)
+
+
+def _raise_fd_limit() -> None:
+    """Each memfd MemoryX owns is an open file: allow as many as the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class SharedArena:
+    """This process's memfds for one job: arrays other roles of the job can map by reference."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # mapping start -> fd held open for it
+        _raise_fd_limit()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """A writable array of ``shape`` in a memfd of its own, open until ``release`` or ``close``."""
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return self._new(max(nbytes, 1))[:nbytes].view(dt).reshape(shape)
+
+    def _new(self, nbytes: int) -> np.ndarray:
+        fd = os.memfd_create(_PREFIX + self.tag, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            buf = _map(fd, nbytes, os.getpid(), fd, writable=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._fds[buf.ctypes.data] = fd
+        return buf
+
+    def release(self, arr: np.ndarray) -> None:
+        """Close the memfd ``arr`` lives in (made by ``empty``): receivers' mappings stay valid, new
+        receivers can no longer open it; the memory goes once the last mapping does."""
+        loc = locate(arr)
+        if loc is None or loc.pid != os.getpid():
+            return
+        with self._lock:
+            start = arr.ctypes.data - loc.offset
+            fd = self._fds.pop(start, None)
+        if fd is not None:
+            os.close(fd)
+
+    @contextmanager
+    def lease(self) -> Iterator[_Lease]:
+        """Scratch memfds for one call: what is allocated is closed when the block ends (after the call
+        that sent its location has returned, so every receiver has mapped it by then)."""
+        lease = _Lease(self)
+        try:
+            yield lease
+        finally:
+            for buf in lease.bufs:
+                self.release(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+
+class _Lease:
+    def __init__(self, arena: SharedArena) -> None:
+        self.arena = arena
+        self.bufs: list[np.ndarray] = []
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 buffer of ``nbytes`` (64-byte aligned) in a fresh memfd."""
+        buf = self.arena._new(max(nbytes, 1))[:nbytes]
+        self.bufs.append(buf)
+        return buf
+
+
+class _ReferencesOnly:
+    """Scratch for a sender whose tensors all lie in memfds already (MemoryX's weights): nothing is copied,
+    and a tensor that is not in one is a bug, not a reason to copy silently."""
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        raise ProtocolError("a tensor to be sent by reference does not lie in shared memory")
+
+
+REFERENCES_ONLY = _ReferencesOnly()
+
+
+def scratch(arena: SharedArena | None) -> AbstractContextManager[_Lease | None]:
+    """``arena.lease()``, or None off the shared-memory plane: ``with scratch(a) as s: tensor_messages(...,
+    shm=s)`` then sends over shared memory exactly when the job uses it."""
+    return arena.lease() if arena is not None else nullcontext(None)

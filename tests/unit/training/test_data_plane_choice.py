@@ -1,0 +1,23 @@
+"""runconfig.data_plane: shared memory only where every role is on this host."""
+
+from __future__ import annotations
+
+import pytest
+
+from weightstream.backends.kubernetes.backend import KubernetesBackend
+from weightstream.backends.local import LocalProcessBackend
+from weightstream.training.errors import JobFailed
+from weightstream.training.roles import uses_shared_memory
+
+
+def test_auto_shares_memory_on_the_local_backend_only() -> None:
+    assert LocalProcessBackend.co_located and not KubernetesBackend.co_located
+    assert uses_shared_memory("auto", LocalProcessBackend) is True  # type: ignore[arg-type]
+    assert uses_shared_memory("auto", KubernetesBackend) is False  # type: ignore[arg-type]
+    assert uses_shared_memory("grpc", LocalProcessBackend) is False  # type: ignore[arg-type]
+    assert uses_shared_memory("shared_memory", LocalProcessBackend) is True  # type: ignore[arg-type]
+
+
+def test_shared_memory_across_pods_is_refused_naming_the_key() -> None:
+    with pytest.raises(JobFailed, match=r"runconfig\.data_plane: shared_memory needs every role on one host"):
+        uses_shared_memory("shared_memory", KubernetesBackend)  # type: ignore[arg-type]
