@@ -9,13 +9,16 @@ import pytest
 from numpy.testing import assert_allclose
 
 from weightstream.numerics.optim import (
+    UPDATE_BLOCK,
     OptimizerConfig,
     SchedulePiece,
+    adam_step,
     clip_coefficient,
     grad_sq_sum,
     init_state,
     learning_rate_at,
     optimizer_step,
+    sgd_step,
 )
 
 torch = pytest.importorskip(
@@ -144,3 +147,48 @@ def test_clip_coefficient() -> None:
     assert norm == 5.0 and coef == pytest.approx(1.0 / (5.0 + 1e-6))
     assert clip_coefficient([0.01], 1.0)[1] == 1.0
     assert grad_sq_sum(np.full((3, 3), 2.0, dtype=np.float32)) == 36.0
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes_the_gradient(
+    kind: str, rng
+) -> None:
+    """optimizer_step runs over UPDATE_BLOCK pieces (speed); elementwise math, so the bits must be those of
+    one pass over the whole tensor, with the clipping scale applied as a float32 multiply first. The
+    gradient may be a read-only mapping from another process: it is never written."""
+    cfg = OptimizerConfig(kind=kind, schedule=(), weight_decay=0.01, momentum=0.9)
+    n = 2 * UPDATE_BLOCK + 123  # pieces, and a short last one
+    w0 = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    g.flags.writeable = False
+    pieces_w, whole_w = w0.copy(), w0.copy()
+    pieces_s, whole_s = init_state(kind, w0.shape), init_state(kind, w0.shape)
+    for step, scale in ((1, 0.5), (2, 1.0)):  # clipped, then not
+        optimizer_step(cfg, pieces_w, g, pieces_s, step=step, lr=1e-2, scale=scale)
+        g_scaled = g * np.float32(scale)
+        if kind == "sgd":
+            sgd_step(
+                whole_w,
+                g_scaled,
+                whole_s["momentum_buffer"],
+                lr=1e-2,
+                momentum=0.9,
+                weight_decay=0.01,
+                nesterov=False,
+            )
+        else:
+            adam_step(
+                whole_w,
+                g_scaled,
+                whole_s["exp_avg"],
+                whole_s["exp_avg_sq"],
+                step=step,
+                lr=1e-2,
+                beta1=0.9,
+                beta2=0.999,
+                eps=1e-8,
+                weight_decay=0.01,
+                decoupled=kind == "adamw",
+            )
+    assert np.array_equal(pieces_w, whole_w)
+    assert all(np.array_equal(pieces_s[k], whole_s[k]) for k in whole_s)

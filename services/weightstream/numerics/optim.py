@@ -17,6 +17,7 @@ import numpy as np
 
 __all__ = [
     "SUM_BLOCK",
+    "UPDATE_BLOCK",
     "OptimizerConfig",
     "SchedulePiece",
     "adam_step",
