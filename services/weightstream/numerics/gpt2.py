@@ -13,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from weightstream.numerics._blocked import matmul, single_threaded_blas, sum_rows
+from weightstream.numerics._memory import retain_freed_memory
+from weightstream.numerics.attention import attention_backward_t, attention_forward_t
 from weightstream.numerics.layers import (
-    attention_backward,
-    attention_forward,
+    add_bias_residual,
+    add_layer_norm_forward,
     embedding_backward,
     gelu_backward,
     gelu_forward,
@@ -91,51 +94,80 @@ class BlockUnit:
         )
 
     def forward(self, params: Params, x: np.ndarray) -> tuple[np.ndarray, Any]:
-        p = self.prefix
-        h1, ln1 = layer_norm_forward(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"], self.eps)
-        qkv = linear_forward(h1, params[p + "attn.c_attn.weight"], params[p + "attn.c_attn.bias"])  # [B,T,3C]
-        a, att = attention_forward(qkv, self.n_head)  # [B, T, C]
-        del qkv  # attention kept q, k, v in head-major layout
-        x1 = linear_forward(a, params[p + "attn.c_proj.weight"], params[p + "attn.c_proj.bias"])
-        x1 += x  # residual 1
-        h2, ln2 = layer_norm_forward(x1, params[p + "ln_2.weight"], params[p + "ln_2.bias"], self.eps)
-        f = linear_forward(h2, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"])  # [B, T, F]
-        g, th = gelu_forward(f)
-        y = linear_forward(g, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
-        y += x1  # residual 2
-        return y, (ln1, h1, att, a, ln2, h2, f, th, g)
+        w = {name[len(self.prefix) :]: params[name] for name in self.param_names}
+        b, t, c = x.shape
+        n = b * t
+        retain_freed_memory()  # once per process: see _memory
+        with single_threaded_blas():  # one switch for the whole block (see _blocked)
+            h1, ln1 = layer_norm_forward(x, w["ln_1.weight"], w["ln_1.bias"], self.eps)
+            # Attention runs feature-major (see attention.py): c_attn writes qkv_t [3C, N] = W^T h1^T
+            # directly, bias added by each product part, and c_proj reads y_t [C, N] transposed.
+            qkv_t = matmul(w["attn.c_attn.weight"].T, h1.reshape(n, c).T, bias=w["attn.c_attn.bias"][:, None])
+            a_t, att = attention_forward_t(qkv_t, b, self.n_head)  # [C, N]
+            # The other three biases are added by the elementwise pass that follows each product.
+            x1 = matmul(a_t.T, w["attn.c_proj.weight"]).reshape(b, t, c)
+            x1, h2, ln2 = add_layer_norm_forward(  # x1 = attn + bias + x (residual 1), h2 = ln_2(x1)
+                x1, w["attn.c_proj.bias"], x, w["ln_2.weight"], w["ln_2.bias"], self.eps
+            )
+            f = linear_forward(h2, w["mlp.c_fc.weight"], None)  # [B, T, F]
+            g, dgdf = gelu_forward(f, w["mlp.c_fc.bias"], out=f)  # g overwrites f; dgdf = dg/df
+            y = linear_forward(g, w["mlp.c_proj.weight"], None)
+            add_bias_residual(y, w["mlp.c_proj.bias"], x1)  # residual 2
+        return y, (ln1, h1, att, a_t, ln2, h2, dgdf, g)
 
     def backward(
         self, params: Params, saved: Any, dy: np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        p = self.prefix
-        ln1, h1, att, a, ln2, h2, f, th, g = saved
+        """Consumes ``saved``: each gradient is written over a saved activation at its last use, so
+        backward faults in no activation-sized buffer of its own."""
+        w = {name[len(self.prefix) :]: params[name] for name in self.param_names}
+        ln1, h1, att, a_t, ln2, h2, dgdf, g = saved
+        b, t, c = dy.shape
+        n = b * t
         grads: dict[str, np.ndarray] = {}
-        # MLP branch
-        dg, grads[p + "mlp.c_proj.weight"], grads[p + "mlp.c_proj.bias"] = linear_backward(
-            g, params[p + "mlp.c_proj.weight"], dy
-        )
-        df = gelu_backward(f, th, dg)
-        dh2, grads[p + "mlp.c_fc.weight"], grads[p + "mlp.c_fc.bias"] = linear_backward(
-            h2, params[p + "mlp.c_fc.weight"], df
-        )
-        dx1, grads[p + "ln_2.weight"], grads[p + "ln_2.bias"] = layer_norm_backward(
-            ln2, params[p + "ln_2.weight"], dh2
-        )
-        dx1 += dy  # residual 2
-        # attention branch
-        da, grads[p + "attn.c_proj.weight"], grads[p + "attn.c_proj.bias"] = linear_backward(
-            a, params[p + "attn.c_proj.weight"], dx1
-        )
-        dqkv = attention_backward(att, da)
-        dh1, grads[p + "attn.c_attn.weight"], grads[p + "attn.c_attn.bias"] = linear_backward(
-            h1, params[p + "attn.c_attn.weight"], dqkv
-        )
-        dx, grads[p + "ln_1.weight"], grads[p + "ln_1.bias"] = layer_norm_backward(
-            ln1, params[p + "ln_1.weight"], dh1
-        )
-        dx += dx1  # residual 1
-        return dx, grads
+        with single_threaded_blas():
+            # MLP branch
+            dg, grads["mlp.c_proj.weight"], grads["mlp.c_proj.bias"] = linear_backward(
+                g, w["mlp.c_proj.weight"], dy, dx_out=g
+            )
+            df = gelu_backward(None, dgdf, _present(dg), out=dg)
+            dh2, grads["mlp.c_fc.weight"], grads["mlp.c_fc.bias"] = linear_backward(
+                h2, w["mlp.c_fc.weight"], df, dx_out=h2
+            )
+            dx1, grads["ln_2.weight"], grads["ln_2.bias"] = layer_norm_backward(
+                ln2,
+                w["ln_2.weight"],
+                _present(dh2),
+                residual=dy,
+                out=dh2,  # + dy: residual 2
+            )
+            # attention branch, feature-major like its forward
+            dx1_2 = dx1.reshape(n, c)
+            grads["attn.c_proj.weight"] = matmul(a_t, dx1_2)  # [C, C]
+            grads["attn.c_proj.bias"] = sum_rows(dx1_2)
+            da_t = matmul(w["attn.c_proj.weight"], dx1_2.T, out=ln2.xhat.reshape(c, n))  # xhat is dead
+            spare = dgdf.reshape(-1)  # dead since gelu_backward: [N, F] holds [3C, N] when F >= 3C
+            dqkv_t = attention_backward_t(
+                att, da_t, out=spare[: 3 * c * n].reshape(3 * c, n) if spare.size >= 3 * c * n else None
+            )
+            h1_2 = h1.reshape(n, c)
+            grads["attn.c_attn.weight"] = matmul(h1_2.T, dqkv_t.T)  # [C, 3C]
+            grads["attn.c_attn.bias"] = sum_rows(dqkv_t.T)
+            dh1 = matmul(dqkv_t.T, w["attn.c_attn.weight"].T, out=h1_2).reshape(b, t, c)  # h1 is dead
+            dx, grads["ln_1.weight"], grads["ln_1.bias"] = layer_norm_backward(
+                ln1,
+                w["ln_1.weight"],
+                dh1,
+                residual=dx1,
+                out=dh1,  # + dx1: residual 1
+            )
+        return dx, {self.prefix + k: v for k, v in grads.items()}
+
+
+def _present(a: np.ndarray | None) -> np.ndarray:
+    if a is None:
+        raise AssertionError("linear_backward returns dx when need_dx")
+    return a
 
 
 class HeadUnit:
@@ -156,7 +188,8 @@ class HeadUnit:
         h, ln = layer_norm_forward(
             x, params["transformer.ln_f.weight"], params["transformer.ln_f.bias"], self.eps
         )
-        logits = h @ params[self.emb].T  # [B, T, V]
+        e = params[self.emb]  # [V, C]
+        logits = matmul(h.reshape(-1, e.shape[1]), e.T).reshape(*h.shape[:-1], e.shape[0])  # [B, T, V]
         return logits, (ln, h)
 
     def backward(
@@ -165,8 +198,9 @@ class HeadUnit:
         ln, h = saved
         e = params[self.emb]  # [V, C]
         v, c = e.shape
-        demb = dlogits.reshape(-1, v).T @ h.reshape(-1, c)  # [V, C]
-        dh = dlogits @ e  # [B, T, C]
+        dl2 = dlogits.reshape(-1, v)
+        demb = matmul(dl2.T, h.reshape(-1, c))  # [V, C]
+        dh = matmul(dl2, e).reshape(*dlogits.shape[:-1], c)  # [B, T, C]
         dx, dgamma, dbeta = layer_norm_backward(ln, params["transformer.ln_f.weight"], dh)
         return dx, {"transformer.ln_f.weight": dgamma, "transformer.ln_f.bias": dbeta, self.emb: demb}
 

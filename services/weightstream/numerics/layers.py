@@ -4,6 +4,11 @@ Pure numpy, no I/O. Every ``*_forward`` returns ``(y, saved)`` where ``saved`` i
 ``*_backward`` needs; every ``*_backward`` returns ``(dx, grads)`` (or just ``dx`` for layers without
 parameters). Arrays keep the dtype they come in with (float32 on workers, float64 in gradient checks).
 
+Products run through ``_blocked.matmul`` and elementwise chains through ``_blocked.for_row_blocks``
+(cache-sized row blocks on every core); the ``bias``/``residual``/``out`` arguments let a caller fuse an
+add into a pass that reads the array anyway, or reuse a buffer, instead of paying another trip to DRAM or
+a fresh allocation (the kernel zeroes fresh pages on first touch: ~3 ms per 25 MB here).
+
 Notation: B batch, T sequence, C hidden (``n_embd``), H heads, D = C // H, F filter size, V vocab.
 """
 
@@ -14,11 +19,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks
+from weightstream.numerics._blocked import for_row_blocks, matmul, run_tasks, sum_rows
+from weightstream.numerics.attention import AttentionSaved, attention_backward, attention_forward
 
 __all__ = [
     "AttentionSaved",
     "LayerNormSaved",
+    "add_bias_residual",
+    "add_layer_norm_forward",
     "attention_backward",
     "attention_forward",
     "cross_entropy_backward",
@@ -35,27 +43,47 @@ __all__ = [
 ]
 
 
+def _rows2(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, a.shape[-1])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Linear (Hugging Face Conv1D layout: weight is [in, out], so y = x @ W + b)
 # ---------------------------------------------------------------------------------------------------------
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    """x [..., in] @ w [in, out] + b [out] -> [..., out]. The input itself is what backward needs."""
-    y = x @ w  # [..., out]
-    if b is not None:
-        y += b
-    return y
+    """x [..., in] @ w [in, out] + b [out] -> [..., out]. The input itself is what backward needs.
+
+    Pass ``b=None`` and add the bias in the next elementwise pass where there is one (GELU, residual)."""
+    y = matmul(_rows2(x), w, bias=b)  # [N, out]
+    return y.reshape(*x.shape[:-1], w.shape[1])
 
 
 def linear_backward(
-    x: np.ndarray, w: np.ndarray, dy: np.ndarray, need_dx: bool = True
+    x: np.ndarray, w: np.ndarray, dy: np.ndarray, need_dx: bool = True, dx_out: np.ndarray | None = None
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Returns dx [..., in] (None if not needed), dw [in, out], db [out]."""
-    x2 = x.reshape(-1, x.shape[-1])  # [N, in]
-    dy2 = dy.reshape(-1, dy.shape[-1])  # [N, out]
-    dw = x2.T @ dy2  # [in, out]
-    db = dy2.sum(axis=0)  # [out]
-    dx = dy @ w.T if need_dx else None  # [..., in]
-    return dx, dw, db
+    """Returns dx [..., in] (None if not needed), dw [in, out], db [out].
+
+    dw is computed first, so ``dx_out`` may be ``x`` itself (its last use): a layer that owns its saved
+    input writes dx over it instead of faulting in a fresh buffer."""
+    x2, dy2 = _rows2(x), _rows2(dy)  # [N, in], [N, out]
+    dw = matmul(x2.T, dy2)  # [in, out]
+    db = sum_rows(dy2)  # [out]
+    if not need_dx:
+        return None, dw, db
+    dx = matmul(dy2, w.T, out=None if dx_out is None else _rows2(dx_out))  # [N, in]
+    return dx.reshape(*dy.shape[:-1], w.shape[0]), dw, db
+
+
+def add_bias_residual(y: np.ndarray, b: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """y += b + residual, in place, in one pass over y (a projection's output before its residual)."""
+    y2, r2 = _rows2(y), _rows2(residual)
+
+    def rows(s: slice) -> None:
+        y2[s] += b
+        y2[s] += r2[s]
+
+    for_row_blocks(rows, y2.shape[0], y2.shape[1])
+    return y
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -66,45 +94,96 @@ class LayerNormSaved(NamedTuple):
     rstd: np.ndarray  # [..., 1] 1 / sqrt(var + eps)
 
 
+def _layer_norm(
+    x2: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    add: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm of x2 [N, C] -> (y, xhat, rstd). With ``add=(bias, residual)`` first x2 += bias + residual
+    in place, in the same pass (x2 is then the residual stream the caller keeps)."""
+    n, c = x2.shape
+    xhat, y = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty((n, 1), dtype=x2.dtype)
+    inv_c = x2.dtype.type(1.0 / c)
+
+    def rows(s: slice) -> None:
+        xs = x2[s]
+        if add is not None:
+            xs += add[0]
+            xs += add[1][s]
+        # Row sums with einsum: 3x faster than add.reduce over 768-long rows, and it releases the GIL
+        # (a GEMV against ones would hold it); no [n, C] temporaries.
+        mean = np.einsum("nc->n", xs)[:, None]
+        mean *= inv_c
+        xc = np.subtract(xs, mean, out=xhat[s])
+        var = np.einsum("nc,nc->n", xc, xc)[:, None]  # biased, like torch
+        var *= inv_c
+        var += eps
+        r = np.divide(1.0, np.sqrt(var, out=var), out=rstd[s])
+        xc *= r  # xhat
+        ys = np.multiply(xc, gamma, out=y[s])
+        ys += beta
+
+    for_row_blocks(rows, n, c)
+    return y, xhat, rstd
+
+
 def layer_norm_forward(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
 ) -> tuple[np.ndarray, LayerNormSaved]:
-    c = x.shape[-1]
-    x2 = x.reshape(-1, c)  # [N, C]
-    xhat, y = np.empty_like(x2), np.empty_like(x2)
-    rstd = np.empty((x2.shape[0], 1), dtype=x.dtype)
-
-    def rows(s: slice) -> None:
-        xc = np.subtract(x2[s], x2[s].mean(axis=-1, keepdims=True), out=xhat[s])
-        var = np.mean(xc * xc, axis=-1, keepdims=True)  # biased, like torch
-        np.divide(1.0, np.sqrt(var + eps), out=rstd[s])
-        xc *= rstd[s]  # xhat
-        np.multiply(xc, gamma, out=y[s])
-        y[s] += beta
-
-    for_row_blocks(rows, x2.shape[0], c)
+    y, xhat, rstd = _layer_norm(_rows2(x), gamma, beta, eps, None)
     return y.reshape(x.shape), LayerNormSaved(xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1))
 
 
+def add_layer_norm_forward(
+    h: np.ndarray, b: np.ndarray, residual: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray, LayerNormSaved]:
+    """x = h + b + residual (in place in h), then LayerNorm(x): one pass for both. Returns (x, y, saved)."""
+    y, xhat, rstd = _layer_norm(_rows2(h), gamma, beta, eps, (b, _rows2(residual)))
+    saved = LayerNormSaved(xhat.reshape(h.shape), rstd.reshape(*h.shape[:-1], 1))
+    return h, y.reshape(h.shape), saved
+
+
 def layer_norm_backward(
-    saved: LayerNormSaved, gamma: np.ndarray, dy: np.ndarray
+    saved: LayerNormSaved,
+    gamma: np.ndarray,
+    dy: np.ndarray,
+    residual: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Returns dx [..., C], dgamma [C], dbeta [C]."""
+    """Returns dx [..., C] (+ ``residual``, the gradient arriving around the norm), dgamma [C], dbeta [C].
+
+    ``out`` may be ``dy`` itself: each row block reads its dy before writing it."""
     c = dy.shape[-1]
     xhat, rstd = saved.xhat.reshape(-1, c), saved.rstd.reshape(-1, 1)  # [N, C], [N, 1]
-    dy2 = dy.reshape(-1, c)
-    dgamma = np.einsum("nc,nc->c", dy2, xhat)
-    dbeta = dy2.sum(axis=0)
-    dx = np.empty_like(dy2)
+    dy2 = _rows2(dy)
+    dx = np.empty_like(dy2) if out is None else _rows2(out)
+    res = None if residual is None else _rows2(residual)
+    inv_c = dy.dtype.type(1.0 / c)
+    # The column sums first (out may be dy), in two halves of the columns on two threads; the halves
+    # depend on the shape only, so the thread count changes no bit.
+    dgamma, dbeta = np.empty(c, dtype=dy.dtype), np.empty(c, dtype=dy.dtype)
+
+    def columns(s: slice) -> None:
+        np.einsum("nc,nc->c", dy2[:, s], xhat[:, s], out=dgamma[s])
+        np.add.reduce(dy2[:, s], axis=0, out=dbeta[s])
+
+    run_tasks([lambda s=s: columns(s) for s in (slice(0, c // 2), slice(c // 2, c))])
 
     def rows(s: slice) -> None:
         # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma
         dxhat = np.multiply(dy2[s], gamma, out=dx[s])
-        m1 = dxhat.mean(axis=-1, keepdims=True)
-        m2 = np.mean(dxhat * xhat[s], axis=-1, keepdims=True)
+        m1 = np.einsum("nc->n", dxhat)[:, None]
+        m1 *= inv_c
+        m2 = np.einsum("nc,nc->n", dxhat, xhat[s])[:, None]
+        m2 *= inv_c
         dxhat -= m1
         dxhat -= xhat[s] * m2
         dxhat *= rstd[s]
+        if res is not None:
+            dxhat += res[s]
 
     for_row_blocks(rows, dy2.shape[0], c)
     return dx.reshape(dy.shape), dgamma, dbeta
@@ -117,50 +196,60 @@ _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
 
-def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GPT-2's tanh-approximated GELU: 0.5 x (1 + tanh(k (x + c x^3))).
+def gelu_forward(
+    x: np.ndarray, bias: np.ndarray | None = None, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """GPT-2's tanh-approximated GELU of x (+ bias): x h(x) with h = 0.5 (1 + tanh(k (x + c x^3))).
 
-    Returns (y, th) with th = tanh(k (x + c x^3)): keeping it costs one activation-sized buffer and saves
-    backward the tanh, the most expensive elementwise op here."""
+    Returns (y, dy/dx). The derivative costs forward ~7 passes over row blocks in L2, and saves backward
+    all but one (``gelu_backward`` is dy * dy/dx) and the need to keep x: with ``out=x`` the activation
+    is overwritten by y, so the layer keeps two activation-sized buffers, not three.
+    """
     dt = x.dtype.type
-    x2 = x.reshape(-1, x.shape[-1])
-    y, th = np.empty_like(x2), np.empty_like(x2)
+    x2 = _rows2(x)
+    y = np.empty_like(x2) if out is None else _rows2(out)
+    dydx = np.empty_like(x2)
 
     def rows(s: slice) -> None:
-        t = np.multiply(x2[s], x2[s], out=th[s])
-        t *= dt(_GELU_C * _GELU_K)
-        t += dt(_GELU_K)
-        t *= x2[s]
-        np.tanh(t, out=t)
-        np.add(t, dt(1.0), out=y[s])
-        y[s] *= x2[s]
-        y[s] *= dt(0.5)
+        xs = y[s]  # x (+ bias) lives in y's block until y overwrites it
+        if bias is not None:
+            np.add(x2[s], bias, out=xs)
+        elif out is not x:
+            np.copyto(xs, x2[s])
+        sq = xs * xs
+        h = sq * dt(_GELU_C * _GELU_K)
+        h += dt(_GELU_K)
+        h *= xs  # k (x + c x^3)
+        np.tanh(h, out=h)
+        h *= dt(0.5)
+        h += dt(0.5)  # h
+        # dy/dx = h + x h' with h' = 0.5 (1 - tanh^2) k (1 + 3 c x^2) = 2 h (1 - h) (k + 3 c k x^2)
+        sq *= dt(6.0 * _GELU_C * _GELU_K)
+        sq += dt(2.0 * _GELU_K)
+        sq *= xs
+        d = np.subtract(dt(1.0), h, out=dydx[s])
+        d *= h
+        d *= sq
+        d += h
+        xs *= h  # y
 
     for_row_blocks(rows, x2.shape[0], x2.shape[1])
-    return y.reshape(x.shape), th.reshape(x.shape)
+    return y.reshape(x.shape), dydx.reshape(x.shape)
 
 
-def gelu_backward(x: np.ndarray, th: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) (k + 3 c k x^2), with th from the forward."""
-    dt = x.dtype.type
-    x2, th2, dy2 = (a.reshape(-1, x.shape[-1]) for a in (x, th, dy))
-    dx = np.empty_like(x2)
+def gelu_backward(
+    x: np.ndarray | None, dydx: np.ndarray, dy: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """dx = dy * dy/dx, the derivative from ``gelu_forward`` (``x`` is not needed; kept for the layer
+    signature). ``out`` may be ``dy``."""
+    d2, dy2 = _rows2(dydx), _rows2(dy)
+    dx = np.empty_like(dy2) if out is None else _rows2(out)
 
     def rows(s: slice) -> None:
-        inner = x2[s] * x2[s]
-        inner *= dt(3.0 * _GELU_C * _GELU_K)
-        inner += dt(_GELU_K)
-        inner *= x2[s]  # x (k + 3ck x^2)
-        d = np.multiply(th2[s], th2[s], out=dx[s])
-        np.subtract(dt(1.0), d, out=d)
-        d *= inner
-        d += th2[s]
-        d += dt(1.0)
-        d *= dt(0.5)
-        d *= dy2[s]
+        np.multiply(dy2[s], d2[s], out=dx[s])
 
-    for_row_blocks(rows, x2.shape[0], x2.shape[1])
-    return dx.reshape(x.shape)
+    for_row_blocks(rows, dy2.shape[0], dy2.shape[1])
+    return dx.reshape(dy.shape)
 
 
 def relu_forward(x: np.ndarray) -> np.ndarray:
@@ -170,71 +259,6 @@ def relu_forward(x: np.ndarray) -> np.ndarray:
 def relu_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """Takes the forward *output* (y > 0 exactly where x > 0), so x need not be kept."""
     return dy * (y > 0)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Causal multi-head self-attention core (the projections around it are linear layers)
-# ---------------------------------------------------------------------------------------------------------
-class AttentionSaved(NamedTuple):
-    q: np.ndarray  # [B, H, T, D]
-    k: np.ndarray  # [B, H, T, D]
-    v: np.ndarray  # [B, H, T, D]
-    att: np.ndarray  # [B, H, T, T] softmax probabilities (zero above the diagonal)
-
-
-def _causal_bias(t: int, dtype: np.dtype) -> np.ndarray:
-    """[T, T]: 0 where a query may look, -inf where it would look ahead. Added, not indexed: a
-    broadcast add is one pass over att, boolean indexing is several."""
-    return np.triu(np.full((t, t), -np.inf, dtype=dtype), k=1)
-
-
-def attention_forward(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, AttentionSaved]:
-    """qkv [B, T, 3C] (c_attn output, q|k|v along the last axis) -> y [B, T, C] before c_proj."""
-    b, t, c3 = qkv.shape
-    c = c3 // 3
-    d = c // n_head
-    # [B, T, 3C] -> [B, T, 3, H, D] -> [3, B, H, T, D]; one transpose copy for all three
-    q, k, v = np.ascontiguousarray(qkv.reshape(b, t, 3, n_head, d).transpose(2, 0, 3, 1, 4))
-    scale = qkv.dtype.type(1.0 / math.sqrt(d))
-    att = (q * scale) @ k.transpose(0, 1, 3, 2)  # [B, H, T, T]; scaling q is T/D times cheaper than att
-    att3 = att.reshape(b * n_head, t, t)  # one [T, T] score matrix per (batch, head)
-    bias = _causal_bias(t, att.dtype)
-
-    def softmax(s: slice) -> None:
-        a = att3[s]
-        a += bias
-        a -= a.max(axis=-1, keepdims=True)
-        np.exp(a, out=a)
-        a *= 1.0 / a.sum(axis=-1, keepdims=True)  # one divide per row, then a multiply per element
-
-    for_row_blocks(softmax, b * n_head, t * t)
-    y = att @ v  # [B, H, T, D]
-    y = y.transpose(0, 2, 1, 3).reshape(b, t, c)  # [B, T, C]
-    return y, AttentionSaved(q, k, v, att)
-
-
-def attention_backward(saved: AttentionSaved, dy: np.ndarray) -> np.ndarray:
-    """dy [B, T, C] -> dqkv [B, T, 3C]."""
-    q, k, v, att = saved
-    b, h, t, d = q.shape
-    dy4 = dy.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    dqkv = np.empty((b, t, 3, h, d), dtype=dy.dtype)
-    dqkv_view = dqkv.transpose(2, 0, 3, 1, 4)  # [3, B, H, T, D] view into dqkv
-    np.matmul(att.transpose(0, 1, 3, 2), dy4, out=dqkv_view[2])  # dv = att^T @ dy
-    datt = dy4 @ v.transpose(0, 1, 3, 2)  # [B, H, T, T]
-    datt3, att3 = datt.reshape(b * h, t, t), att.reshape(b * h, t, t)
-
-    def softmax_backward(s: slice) -> None:
-        # ds = att * (datt - sum(datt * att, -1)); masked entries have att == 0
-        d = datt3[s]
-        d -= np.einsum("nij,nij->ni", d, att3[s])[..., None]
-        d *= att3[s]
-
-    for_row_blocks(softmax_backward, b * h, t * t)
-    scale = dy.dtype.type(1.0 / math.sqrt(d))
-    np.matmul(datt, k * scale, out=dqkv_view[0])  # dq = ds @ k / sqrt(d)
-    np.matmul(datt.transpose(0, 1, 3, 2), q * scale, out=dqkv_view[1])  # dk = ds^T @ q / sqrt(d)
-    return dqkv.reshape(b, t, 3 * h * d)
 
 
 # ---------------------------------------------------------------------------------------------------------
