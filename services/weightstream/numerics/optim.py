@@ -185,44 +185,33 @@ def optimizer_step(
     dt = param.dtype.type
     for start in range(0, flat_p.size, UPDATE_BLOCK):
         piece = slice(start, start + UPDATE_BLOCK)
-        g = flat_g[piece] * dt(scale) if scale != 1.0 else flat_g[piece].copy()
-        st = {k: a[piece] for k, a in zip(state, flat_s, strict=True)}
-        _step_piece(cfg, flat_p[piece], g, st, step=step, lr=lr)
-
-
-def _step_piece(
-    cfg: OptimizerConfig,
-    param: np.ndarray,
-    grad: np.ndarray,
-    state: MutableMapping[str, np.ndarray],
-    *,
-    step: int,
-    lr: float,
-) -> None:
-    if cfg.kind == "sgd":
-        sgd_step(
-            param,
-            grad,
-            state["momentum_buffer"],
-            lr=lr,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            nesterov=cfg.nesterov,
-        )
-    else:
-        adam_step(
-            param,
-            grad,
-            state["exp_avg"],
-            state["exp_avg_sq"],
-            step=step,
-            lr=lr,
-            beta1=cfg.betas[0],
-            beta2=cfg.betas[1],
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            decoupled=cfg.kind == "adamw",
-        )
+        p, g = flat_p[piece], flat_g[piece] * dt(scale) if scale != 1.0 else flat_g[piece].copy()
+        st = dict(zip(state, (a[piece] for a in flat_s), strict=True))
+        if cfg.kind == "sgd":
+            sgd_step(
+                p,
+                g,
+                st["momentum_buffer"],
+                lr=lr,
+                momentum=cfg.momentum,
+                weight_decay=cfg.weight_decay,
+                nesterov=cfg.nesterov,
+            )
+        else:
+            b1, b2 = cfg.betas
+            adam_step(
+                p,
+                g,
+                st["exp_avg"],
+                st["exp_avg_sq"],
+                step=step,
+                lr=lr,
+                beta1=b1,
+                beta2=b2,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                decoupled=cfg.kind == "adamw",
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------
