@@ -19,6 +19,7 @@ from weightstream.transport.rpc import (
     add_service,
     call,
     open_channel,
+    push_tensors,
     receive_tensors,
     stream,
     tensors_in,
@@ -26,8 +27,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     tensors_out_client,
 )
-from weightstream.transport.shm import SharedArena, scratch
-from weightstream.transport.tensors import tensor_messages
+from weightstream.transport.shm import SharedArena
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -85,20 +85,15 @@ class MemoryXUpstream:
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         def push(shard: int, shard_names: list[str]) -> None:
-            with scratch(self.arena) as shm:
-                msgs = tensor_messages(
-                    [(n, grads[n]) for n in shard_names],
-                    pb.StreamHead(step=step, unit=unit),
-                    self.bf16,
-                    shm=shm,
-                )
-                call(
-                    f"memoryx-{shard} ({self.addresses[shard]})",
-                    "PushGradients",
-                    self.push[shard],
-                    msgs,
-                    timeout=self.timeout_s,
-                )
+            push_tensors(
+                f"memoryx-{shard} ({self.addresses[shard]})",
+                self.push[shard],
+                [(n, grads[n]) for n in shard_names],
+                pb.StreamHead(step=step, unit=unit),
+                bf16=self.bf16,
+                arena=self.arena,
+                timeout=self.timeout_s,
+            )
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
 
@@ -149,10 +144,16 @@ class ParentUpstream:
         return stream(self.peer, "GetUnit", it)
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        with scratch(self.arena) as shm:
-            head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
-            msgs = tensor_messages(grads.items(), head, self.bf16, shm=shm)
-            call(self.peer, "PushGradients", self.push, msgs, timeout=self.timeout_s)
+        head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
+        push_tensors(
+            self.peer,
+            self.push,
+            grads.items(),
+            head,
+            bf16=self.bf16,
+            arena=self.arena,
+            timeout=self.timeout_s,
+        )
 
 
 def build(job: JobSpec) -> SwarmNodeLogic:

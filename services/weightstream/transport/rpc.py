@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -13,7 +13,8 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
-from weightstream.transport.tensors import read_messages
+from weightstream.transport.shm import SharedArena, scratch
+from weightstream.transport.tensors import NamedTensor, read_messages, tensor_messages
 
 __all__ = [
     "OPTIONS",
@@ -22,6 +23,7 @@ __all__ = [
     "call",
     "create_server",
     "open_channel",
+    "push_tensors",
     "receive_tensors",
     "stream",
     "tensors_in",
@@ -89,6 +91,23 @@ def stream(peer: str, name: str, it: Iterator[T]) -> Iterator[T]:
         code = e.code() if hasattr(e, "code") else None
         detail = e.details() if hasattr(e, "details") else str(e)
         raise PeerError(peer, name, f"{code.name if code else 'ERROR'}: {detail}") from e
+
+
+def push_tensors(
+    peer: str,
+    fn: Callable[..., Any],
+    tensors: Iterable[NamedTensor],
+    head: pb.StreamHead,
+    *,
+    bf16: bool,
+    arena: SharedArena | None,
+    timeout: float,
+) -> None:
+    """Push ``tensors`` as one stream opening with ``head`` (gradients to SwarmX or MemoryX). With
+    ``arena`` (the shared-memory plane) only the header travels; what had to be copied into memfds for it
+    is closed once the call has returned, when the receiver has mapped it."""
+    with scratch(arena) as shm:
+        call(peer, "PushGradients", fn, tensor_messages(tensors, head, bf16, shm=shm), timeout=timeout)
 
 
 def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:

@@ -17,12 +17,13 @@ from weightstream.transport.rpc import (
     abort_on_error,
     call,
     open_channel,
+    push_tensors,
     stream,
     tensors_in_client,
     tensors_out_client,
 )
-from weightstream.transport.shm import SharedArena, scratch
-from weightstream.transport.tensors import read_messages, tensor_messages
+from weightstream.transport.shm import SharedArena
+from weightstream.transport.tensors import read_messages
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
 
@@ -60,10 +61,16 @@ class SwarmParent:
         return read_messages(stream(self.peer, "GetUnit", it), self.shm_tag)[1]
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        with scratch(self.arena) as shm:
-            head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
-            msgs = tensor_messages(grads.items(), head, self.bf16, shm=shm)
-            call(self.peer, "PushGradients", self._push, msgs, timeout=self.timeout_s)
+        head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
+        push_tensors(
+            self.peer,
+            self._push,
+            grads.items(),
+            head,
+            bf16=self.bf16,
+            arena=self.arena,
+            timeout=self.timeout_s,
+        )
 
 
 class ActivationClient:
