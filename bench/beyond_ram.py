@@ -35,42 +35,12 @@ from typing import Any
 
 import psutil
 import yaml
+from text_corpus import text_corpus  # bench/text_corpus.py
 
 from weightstream.params import load_params
 from weightstream.params.size import num_params
 
-TEXT_SOURCES = ("/usr/share/common-licenses", "/usr/share/doc")  # text that is on every Debian machine
 _ROLE = re.compile(r"(memoryx|swarmx|worker|activation)-\d+")
-
-
-def text_corpus(dest: Path, min_bytes: int = 200_000) -> int:
-    """Copy plain-text files of this machine (licenses, package docs; not this repo's files, which change
-    from commit to commit) into ``dest`` as *.txt: byte tokens for TextFileDataProcessor. Returns the bytes
-    copied."""
-    dest.mkdir(parents=True, exist_ok=True)
-    found: list[Path] = []
-    for root in TEXT_SOURCES:
-        for path in sorted(Path(root).rglob("*")) if Path(root).is_dir() else []:
-            if (
-                path.is_file()
-                and not path.is_symlink()
-                and path.suffix in ("", ".txt")
-                and path.stat().st_size > 2000
-            ):
-                found.append(path)
-    total = 0
-    for i, path in enumerate(found):
-        try:
-            data = path.read_bytes().decode("utf-8").encode("utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        (dest / f"{i:04d}.txt").write_bytes(data)
-        total += len(data)
-        if total >= min_bytes:
-            break
-    if total < 4096:
-        raise SystemExit(f"not enough text found under {TEXT_SOURCES} for a corpus")
-    return total
 
 
 def params_dict(a: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -204,7 +174,7 @@ def main() -> None:
     base = a.dir or Path(tempfile.mkdtemp(prefix="beyond_ram_", dir="."))
     base.mkdir(parents=True, exist_ok=True)
     data_dir, model_dir = base / "text", base / "model_dir"
-    text_corpus(data_dir)
+    text_corpus(data_dir, 200_000, required=4096)
     raw = params_dict(a, data_dir)
     params_path = base / "params.yaml"
     params_path.write_text(yaml.safe_dump(raw))

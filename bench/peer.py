@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 import yaml
+from text_corpus import text_corpus  # bench/text_corpus.py
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -53,37 +54,12 @@ from weightstream.params import load_params, model_def
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.params.size import num_params
 
-TEXT_SOURCES = ("/usr/share/common-licenses", "/usr/share/doc")  # text that is on every Debian machine
 WARMUP = 2  # steps left out of the medians
 DDP_RANKS = 2
 
 
 def log(msg: str) -> None:
     print(f"[peer] {msg}", file=sys.stderr, flush=True)
-
-
-def text_corpus(dest: Path, min_bytes: int) -> int:
-    """Copy UTF-8 text files of this machine into ``dest`` as *.txt (byte tokens for
-    TextFileDataProcessor) until ``min_bytes``; returns the bytes copied."""
-    dest.mkdir(parents=True, exist_ok=True)
-    total, i = 0, 0
-    for root in TEXT_SOURCES:
-        for path in sorted(Path(root).rglob("*")) if Path(root).is_dir() else []:
-            if total >= min_bytes:
-                return total
-            if not path.is_file() or path.is_symlink() or path.suffix not in ("", ".txt"):
-                continue
-            try:
-                data = path.read_bytes()
-                data.decode("utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue
-            if len(data) > 2000:
-                (dest / f"{i:05d}.txt").write_bytes(data)
-                total, i = total + len(data), i + 1
-    if total < min_bytes:
-        raise SystemExit(f"only {total} bytes of text under {TEXT_SOURCES}, {min_bytes} needed")
-    return total
 
 
 def params_dict(a: argparse.Namespace, data_dir: Path) -> dict[str, Any]:

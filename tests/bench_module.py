@@ -11,6 +11,8 @@ from types import ModuleType
 def load_bench(name: str) -> ModuleType:
     """bench/<name>.py as module ``bench_<name>`` (registered before it runs, for its dataclasses)."""
     path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    if str(path.parent) not in sys.path:  # as when it runs as a script: its helpers (text_corpus) import
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
