@@ -50,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from weightstream.data import make_data_processor
 from weightstream.numerics import init_params
+from weightstream.numerics.optim import is_bias_or_norm
 from weightstream.params import load_params, model_def
 from weightstream.params.schema import GPT2ModelParams
 from weightstream.params.size import num_params
@@ -175,8 +176,13 @@ def train_torch(
 ) -> dict[str, list[float]]:
     """Train ``model`` one step per batch; the loss and the time of each step and of its phases."""
     o = raw["optimizer"]
+    # the appliance's (ModelZoo's) parameter groups: no weight decay on biases and LayerNorm weights
+    no_decay = {n for n, _ in model.named_parameters() if is_bias_or_norm(n.removeprefix("module."))}
     opt = torch.optim.AdamW(
-        model.parameters(),
+        [
+            {"params": [p for n, p in model.named_parameters() if n not in no_decay]},
+            {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0},
+        ],
         lr=o["learning_rate"],
         betas=o["betas"],
         eps=o["eps"],

@@ -13,6 +13,7 @@ from rich.markup import escape
 from weightstream import __version__
 from weightstream import serve_options as limit
 from weightstream.data import DataError
+from weightstream.data.cli import data_preprocess, tokenizer_train
 from weightstream.params import Params, ParamsError, load_params, model_def
 from weightstream.simulate.cli import simulate
 
@@ -60,7 +61,9 @@ def validate(params: ParamsArg, num_csx: NumCsx = None) -> None:
 
 @app.command()
 def example(
-    name: Annotated[str, typer.Argument(help="gpt2_synthetic or fc_mlp_digits")] = "gpt2_synthetic",
+    name: Annotated[
+        str, typer.Argument(help="gpt2_synthetic, llama_tiny or fc_mlp_digits")
+    ] = "gpt2_synthetic",
 ) -> None:
     """Print a shipped example params file (redirect it to a file to start from it)."""
     files = resources.files("weightstream") / "examples"
@@ -383,6 +386,8 @@ def _role_command(kind: str, what: str) -> None:
 
 
 app.command()(simulate)  # the scaling model: weightstream/simulate/
+app.command("tokenizer-train")(tokenizer_train)  # the data pipeline: weightstream/data/
+app.command("data-preprocess")(data_preprocess)
 _role_command("memoryx", "MemoryX weight server shard")
 _role_command("swarmx", "SwarmX broadcast/reduce node")
 _role_command("worker", "CS-2 worker")

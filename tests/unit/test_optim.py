@@ -192,3 +192,32 @@ def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes
             )
     assert np.array_equal(pieces_w, whole_w)
     assert all(np.array_equal(pieces_s[k], whole_s[k]) for k in whole_s)
+
+
+def test_weight_decay_skips_biases_and_norms_unless_asked() -> None:
+    """ModelZoo's parameter groups: biases and normalisation weights (GPT-2's ln_*, LLaMA's *norm) get no
+    weight decay; ``exclude_bias_and_norm: False`` decays every tensor."""
+    cfg = OptimizerConfig("adamw", SCHEDULE, weight_decay=0.1)
+    no_decay = [
+        "transformer.h.0.ln_1.weight",
+        "transformer.h.3.attn.c_attn.bias",
+        "transformer.ln_f.weight",
+        "model.layers.2.input_layernorm.weight",
+        "model.layers.2.post_attention_layernorm.weight",
+        "model.norm.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+        "fc.0.bias",
+    ]
+    decay = [
+        "transformer.wte.weight",
+        "transformer.h.0.mlp.c_fc.weight",
+        "model.embed_tokens.weight",
+        "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "lm_head.weight",
+        "fc.0.weight",
+    ]
+    assert [cfg.weight_decay_for(n) for n in no_decay] == [0.0] * len(no_decay)
+    assert [cfg.weight_decay_for(n) for n in decay] == [0.1] * len(decay)
+    everything = OptimizerConfig("adamw", SCHEDULE, weight_decay=0.1, exclude_bias_and_norm=False)
+    assert {everything.weight_decay_for(n) for n in no_decay + decay} == {0.1}

@@ -130,7 +130,8 @@ BAD = [
         "max_position_embeddings",
     ),
     ("vocab too small for bytes", ("model.vocab_size", 100), "model.vocab_size", "256"),
-    ("unsupported dropout", ("model.dropout_rate", 0.1), "model.dropout_rate", "0.0"),
+    ("unsupported dropout", ("model.attention_dropout_rate", 0.1), "model.attention_dropout_rate", "0.0"),
+    ("dropout out of range", ("model.dropout_rate", 1.0), "model.dropout_rate", "less than 1"),
     (
         "unsupported position type",
         ("model.position_embedding_type", "rotary"),
@@ -144,7 +145,12 @@ BAD = [
         "model.rotary_dim",
         "does not implement",
     ),
-    ("ModelZoo loader knob", ("train_input.num_workers", 8), "train_input.num_workers", "does not implement"),
+    (
+        "ModelZoo loader knob",
+        ("train_input.prefetch_factor", 8),
+        "train_input.prefetch_factor",
+        "does not implement",
+    ),
     (
         "ModelZoo optimizer key",
         ("optimizer.max_gradient_value", 1.0),
@@ -191,6 +197,9 @@ def test_good_params_load() -> None:
     assert model_def(p).family == "gpt2"
     cfg = optimizer_config(p.optimizer)
     assert cfg.kind == "adamw" and learning_rate_at(cfg.schedule, 50) == 3.0e-4
+    assert cfg.exclude_bias_and_norm  # ModelZoo's default: biases and norms are not decayed
+    raw = _with("optimizer.exclude_bias_and_norm_from_weight_decay", False)
+    assert not optimizer_config(load_params(raw).optimizer).exclude_bias_and_norm
 
 
 @pytest.mark.parametrize("name,edit,path,word", BAD, ids=[b[0] for b in BAD])

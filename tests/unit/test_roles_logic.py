@@ -202,9 +202,10 @@ def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(
 def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng, storage: Path | None) -> None:
     """ApplyUpdate's magnitude, not only that weights moved: a shard holding every tensor of TINY, fed a
     known gradient for every unit, clips and steps exactly as torch.optim.AdamW (TINY's betas, eps and
-    weight decay) does on the same initial weights with the same summed, clipped gradients, for two
-    consecutive steps with their own learning rates; the tied embedding gets the sum of both units'
-    parts; grad_sq_sum is the float64 sum of squares of the summed gradients."""
+    weight decay; none on biases and LayerNorm weights) does on the same initial weights with the same
+    summed, clipped gradients, for two consecutive steps with their own learning rates; the tied
+    embedding gets the sum of both units' parts; grad_sq_sum is the float64 sum of squares of the
+    summed gradients."""
     torch = pytest.importorskip(
         "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
     )
@@ -214,8 +215,19 @@ def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng, storage: Pa
     names = list(model.specs)
     assert [u for u, unit in enumerate(model.units) if "transformer.wte.weight" in unit.param_names] == [0, 3]
     ref = {n: torch.nn.Parameter(torch.from_numpy(w.copy())) for n, w in shard.tensors(0, names)}
+    # ModelZoo's parameter groups: no decay on biases and LayerNorm weights
+    no_decay = [n for n in names if n.endswith(".bias") or ".ln_" in n]
+    assert len(no_decay) == 8 * 2 + 2 and opt.weight_decay_for(no_decay[0]) == 0.0
     torch_opt = torch.optim.AdamW(
-        list(ref.values()), lr=1.0, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, foreach=False
+        [
+            {"params": [p for n, p in ref.items() if n not in no_decay]},
+            {"params": [p for n, p in ref.items() if n in no_decay], "weight_decay": 0.0},
+        ],
+        lr=1.0,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        foreach=False,
     )
     # not the schedule's: its step 0 has lr 0, which would hide the update; each step has its own lr
     for step, lr in ((0, 2e-3), (1, 3e-3)):

@@ -22,12 +22,18 @@ class ActivationServer:
     def __init__(self, train: DataProcessor, eval_: DataProcessor | None) -> None:
         self.splits = {"train": train, **({"eval": eval_} if eval_ is not None else {})}
 
-    def batch(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    def batch(
+        self, split: str, step: int, worker: int, num_workers: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """(inputs, targets, counted targets of the whole global batch) of worker ``worker``'s shard: the
+        loss's denominator, which the worker cannot count from its shard alone."""
         if split not in self.splits:
             raise ValueError(f"no {split!r} data (have: {', '.join(self.splits)})")
         if not 0 <= worker < num_workers:
             raise ValueError(f"worker {worker} out of range for {num_workers} workers")
-        return self.splits[split].shard(step, worker, num_workers)
+        data = self.splits[split]
+        x, y = data.shard(step, worker, num_workers)
+        return x, y, data.global_tokens(step)
 
 
 def build(job: JobSpec) -> ActivationServer:
@@ -51,10 +57,12 @@ class ActivationServicer:
     def GetBatch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         server: ActivationServer = self.host.logic(context)
         try:
-            x, y = server.batch(request.split, request.step, request.worker, request.num_workers)
+            x, y, denom = server.batch(request.split, request.step, request.worker, request.num_workers)
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_messages([("inputs", x), ("targets", y)])
+        yield from tensor_messages(
+            [("inputs", x), ("targets", y), ("denom", np.array([denom], dtype=np.int64))]
+        )
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:

@@ -3,6 +3,10 @@
 Every processor defines the *global* batch of step ``s`` from (s, seed) alone, and a worker's shard is a
 contiguous slice of it: so the samples a step trains on never depend on the number of CS-2 workers, and
 1 worker and N workers see the same data. Nothing is downloaded.
+
+A target of -1 is padding: the loss ignores it. The loss divides by the *counted* targets of the whole
+global batch (``global_tokens``), which a worker cannot see from its shard alone, so the activation server
+sends it with every shard.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from weightstream.params.schema import FCMLPModelParams, GPT2ModelParams, InputParams
+from weightstream.params.schema import FCMLPModelParams, InputParams, LanguageModelParams
 
 __all__ = [
     "DataError",
@@ -26,8 +30,8 @@ __all__ = [
 ]
 
 Split = Literal["train", "eval"]
-Batch = tuple[np.ndarray, np.ndarray]  # (inputs, targets)
-ModelParams = GPT2ModelParams | FCMLPModelParams
+Batch = tuple[np.ndarray, np.ndarray]  # (inputs, targets); a target of -1 is ignored by the loss
+ModelParams = LanguageModelParams | FCMLPModelParams
 
 
 class DataError(ValueError):
@@ -35,10 +39,14 @@ class DataError(ValueError):
 
 
 class DataProcessor(ABC):
-    def __init__(self, batch_size: int, seed: int, shuffle: bool) -> None:
+    # target tokens of one sample: T for a language model, 1 for a classifier (see ``global_tokens``)
+    targets_per_sample: int = 1
+
+    def __init__(self, batch_size: int, seed: int, shuffle: bool, drop_last: bool = False) -> None:
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.drop_last = drop_last
 
     @property
     @abstractmethod
@@ -47,22 +55,58 @@ class DataProcessor(ABC):
 
     @abstractmethod
     def samples(self, indices: np.ndarray) -> Batch:
-        """The samples with these (epoch-local) indices, stacked."""
+        """The samples with these ids (as ``sample_indices`` gives them), stacked."""
 
-    def sample_indices(self, step: int) -> np.ndarray:
-        """Global sample ids of step ``step``: epochs are shuffled with a seed per epoch."""
-        ids = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
+    def batches_per_epoch(self) -> int | None:
+        """Whole batches in one epoch when ``drop_last`` (None otherwise, or for an endless generator).
+        A DataError when there are fewer samples than one batch, so a job fails before its first step."""
         n = self.num_samples
-        if n is None:
-            return ids
-        epochs, within = np.divmod(ids, n)
+        if not self.drop_last or n is None:
+            return None
+        if n < self.batch_size:
+            raise DataError(
+                f"drop_last leaves no batch: batch_size {self.batch_size} is more than the "
+                f"{n} samples of one epoch"
+            )
+        return n // self.batch_size
+
+    def epoch_positions(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, index within that epoch) of each of the ``batch_size`` samples of step ``step``.
+
+        drop_last: step s is batch s % k of epoch s // k (k whole batches per epoch) and the last
+        n - k * batch_size samples of each epoch's order are skipped. Otherwise the samples run on
+        across epochs, so a batch may take the end of one epoch and the start of the next. Each epoch
+        is a permutation seeded with (seed, epoch) when ``shuffle``; skipping the remainder does not
+        change any epoch's permutation."""
+        bs, n = self.batch_size, self.num_samples
+        per_epoch = self.batches_per_epoch()
+        if per_epoch is not None:
+            epoch, b = divmod(step, per_epoch)
+            order = np.arange(b * bs, (b + 1) * bs, dtype=np.int64)  # [bs] positions in the epoch's order
+            epochs = np.full(bs, epoch, dtype=np.int64)
+        else:
+            ids = np.arange(step * bs, (step + 1) * bs, dtype=np.int64)
+            if n is None:
+                return np.zeros_like(ids), ids
+            epochs, order = np.divmod(ids, n)
         if not self.shuffle:
-            return within
-        out = np.empty_like(within)
+            return epochs, order
+        assert n is not None
+        out = np.empty_like(order)
         for e in np.unique(epochs):
             perm = np.random.default_rng([self.seed, int(e)]).permutation(n)
-            out[epochs == e] = perm[within[epochs == e]]
-        return out
+            out[epochs == e] = perm[order[epochs == e]]
+        return epochs, out
+
+    def sample_indices(self, step: int) -> np.ndarray:
+        """Sample ids of step ``step`` (what ``samples`` takes): epoch-local indices here; a processor
+        whose samples differ from epoch to epoch (an HDF5 mixture) encodes the epoch as well."""
+        return self.epoch_positions(step)[1]
+
+    def global_tokens(self, step: int) -> int:
+        """Counted targets (not -1) of step ``step``'s global batch: the loss's denominator on every
+        worker. Without padding it is batch_size * targets_per_sample and reads nothing."""
+        return self.batch_size * self.targets_per_sample
 
     def global_batch(self, step: int) -> Batch:
         return self.samples(self.sample_indices(step))
@@ -79,10 +123,18 @@ class _WindowedTokens(DataProcessor):
     """A token stream cut into non-overlapping windows of T+1 tokens (inputs and shifted targets)."""
 
     def __init__(
-        self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, shuffle: bool, what: str
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        what: str,
+        drop_last: bool = False,
     ):
-        super().__init__(batch_size, seed, shuffle)
+        super().__init__(batch_size, seed, shuffle, drop_last)
         self.tokens, self.seq_len = tokens, seq_len
+        self.targets_per_sample = seq_len
         self._n = (len(tokens) - 1) // seq_len
         if self._n < 1:
             raise DataError(
@@ -99,6 +151,13 @@ class _WindowedTokens(DataProcessor):
         window = starts[:, None] + np.arange(self.seq_len + 1)  # [b, T+1]
         seq = self.tokens[window].astype(np.int64)
         return seq[:, :-1], seq[:, 1:]
+
+
+def _drop_last(inp: InputParams) -> bool:
+    """``drop_last`` as set, or its default: true for GptHDF5MapDataProcessor (as ModelZoo), else false."""
+    if inp.drop_last is not None:
+        return inp.drop_last
+    return inp.data_processor == "GptHDF5MapDataProcessor"
 
 
 def _files(data_dir: str | list[str], pattern: str, what: str) -> list[Path]:
@@ -126,7 +185,13 @@ class TokenFileDataProcessor(_WindowedTokens):
                 f"token id {top} in {inp.data_dir!r} is out of range for model.vocab_size={vocab_size}"
             )
         super().__init__(
-            tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir)
+            tokens,
+            inp.max_sequence_length,
+            inp.batch_size,
+            seed,
+            inp.shuffle,
+            repr(inp.data_dir),
+            _drop_last(inp),
         )
 
 
@@ -138,7 +203,13 @@ class TextFileDataProcessor(_WindowedTokens):
         data = b"".join(f.read_bytes() for f in _files(inp.data_dir, "*.txt", "TextFile"))
         tokens = np.frombuffer(data, dtype=np.uint8)
         super().__init__(
-            tokens, inp.max_sequence_length, inp.batch_size, seed, inp.shuffle, repr(inp.data_dir)
+            tokens,
+            inp.max_sequence_length,
+            inp.batch_size,
+            seed,
+            inp.shuffle,
+            repr(inp.data_dir),
+            _drop_last(inp),
         )
 
 
@@ -154,6 +225,7 @@ class SyntheticDataProcessor(DataProcessor):
         super().__init__(inp.batch_size, seed, shuffle=False)
         self.model = model
         self.seq_len = inp.max_sequence_length or 0
+        self.targets_per_sample = self.seq_len if isinstance(model, LanguageModelParams) else 1
         if isinstance(model, FCMLPModelParams):
             # the task itself (class centres) is fixed by the model's shape, the same for every split and seed
             centres_rng = np.random.default_rng([model.input_size, model.num_classes])
@@ -167,7 +239,7 @@ class SyntheticDataProcessor(DataProcessor):
 
     def samples(self, indices: np.ndarray) -> Batch:
         rngs = [np.random.default_rng([self.seed, int(i)]) for i in indices]
-        if isinstance(self.model, GPT2ModelParams):
+        if isinstance(self.model, LanguageModelParams):
             v = self.model.vocab_size
             seq = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
             for row, r in zip(seq, rngs, strict=True):
@@ -186,7 +258,7 @@ class DigitsDataProcessor(DataProcessor):
     TRAIN = 1500
 
     def __init__(self, inp: InputParams, split: Split, seed: int) -> None:
-        super().__init__(inp.batch_size, seed, inp.shuffle)
+        super().__init__(inp.batch_size, seed, inp.shuffle, _drop_last(inp))
         from sklearn.datasets import load_digits  # local: only this processor needs scikit-learn
 
         digits = load_digits()
@@ -205,17 +277,26 @@ class DigitsDataProcessor(DataProcessor):
 
 def make_data_processor(inp: InputParams, model: ModelParams, split: Split) -> DataProcessor:
     """The processor an input section asks for. Eval streams use another seed than train, so a synthetic
-    eval set never repeats training samples."""
+    eval set never repeats training samples. A DataError (files, ids, too few samples) comes from here,
+    before any step runs."""
     seed = inp.shuffle_seed if split == "train" else inp.shuffle_seed + 1_000_003
+    vocab_size = model.vocab_size if isinstance(model, LanguageModelParams) else 0
+    processor: DataProcessor
     match inp.data_processor:
         case "TokenFileDataProcessor":
-            return TokenFileDataProcessor(
-                inp, model.vocab_size if isinstance(model, GPT2ModelParams) else 0, seed
-            )
+            processor = TokenFileDataProcessor(inp, vocab_size, seed)
         case "TextFileDataProcessor":
-            return TextFileDataProcessor(inp, seed)
+            processor = TextFileDataProcessor(inp, seed)
+        case "GptHDF5MapDataProcessor":
+            # local: hdf5.py builds on this module, and only this processor needs h5py
+            from weightstream.data.hdf5 import GptHDF5MapDataProcessor
+
+            processor = GptHDF5MapDataProcessor(inp, vocab_size, seed)
         case "SyntheticDataProcessor":
-            return SyntheticDataProcessor(inp, model, seed)
+            processor = SyntheticDataProcessor(inp, model, seed)
         case "DigitsDataProcessor":
-            return DigitsDataProcessor(inp, split, seed)
-    raise AssertionError(inp.data_processor)
+            processor = DigitsDataProcessor(inp, split, seed)
+        case _:
+            raise AssertionError(inp.data_processor)
+    processor.batches_per_epoch()  # drop_last with fewer samples than a batch fails here, not mid-run
+    return processor

@@ -1,7 +1,8 @@
 """Where jobs submitted to the service may read data: under the service's data roots, nowhere else.
 
 A job reads its data with the service's rights and can carry what it read out in the checkpoint it trains,
-so a path a REST or gRPC user names (``train_input.data_dir``, ``eval_input.data_dir``) must resolve, every
+so a path a REST or gRPC user names (``train_input.data_dir``, ``eval_input.data_dir``, each
+``mixture[i].data_dir``) must resolve, every
 symlink followed, inside one of the roots an operator chose (``serve --data-root``). The answer to a path
 outside them is one message, the same whether or not the path exists, given before anything about it is
 looked at; a data file inside a root that is a link leading out is refused too. The job's params then
@@ -23,8 +24,8 @@ from weightstream.params import Params, ParamsError, Problem
 __all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_roots", "within"]
 
 # what the file data processors read from a data_dir (data/processors.py): the files whose links are checked
-_DATA_FILES = ("*.txt", "*.bin")
-_FILE_PROCESSORS = ("TextFileDataProcessor", "TokenFileDataProcessor")
+_DATA_FILES = ("*.txt", "*.bin", "*.h5")
+_FILE_PROCESSORS = ("TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor")
 
 
 def default_data_root(data_dir: Path) -> Path:
@@ -83,15 +84,26 @@ def confine_data(p: Params, roots: Sequence[Path]) -> Params:
     updates = {}
     for sec in ("train_input", "eval_input"):
         inp = getattr(p, sec)
-        if inp is None or inp.data_dir is None:
+        if inp is None:
             continue
+        update: dict[str, object] = {}
         if isinstance(inp.data_dir, str):
-            data_dir: str | list[str] = _confine_one(inp.data_dir, f"{sec}.data_dir", roots, problems)
-        else:
-            data_dir = [
+            update["data_dir"] = _confine_one(inp.data_dir, f"{sec}.data_dir", roots, problems)
+        elif inp.data_dir is not None:
+            update["data_dir"] = [
                 _confine_one(d, f"{sec}.data_dir[{i}]", roots, problems) for i, d in enumerate(inp.data_dir)
             ]
-        updates[sec] = inp.model_copy(update={"data_dir": data_dir})
+        if inp.mixture is not None:
+            update["mixture"] = [
+                m.model_copy(
+                    update={
+                        "data_dir": _confine_one(m.data_dir, f"{sec}.mixture[{i}].data_dir", roots, problems)
+                    }
+                )
+                for i, m in enumerate(inp.mixture)
+            ]
+        if update:
+            updates[sec] = inp.model_copy(update=update)
     if problems:
         raise ParamsError(problems, "params")
     return p.model_copy(update=updates)

@@ -121,7 +121,7 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
     """Bounds on the size of a job whose params are valid. Counts only: nothing is built or allocated."""
     problems = []
     m, rc = p.model, p.runconfig
-    layers_key = "model.num_hidden_layers" if m.name == "gpt2" else "model.depth"
+    layers_key = "model.num_hidden_layers" if m.name != "fc_mlp" else "model.depth"
     if num_layers(m) > limits.max_layers:
         problems.append(
             _over(
@@ -149,7 +149,7 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
             continue
         tokens = tokens_per_step(inp, m)
         if tokens > limits.max_tokens_per_step:
-            shape = "batch_size x max_sequence_length" if m.name == "gpt2" else "batch_size"
+            shape = "batch_size x max_sequence_length" if m.name != "fc_mlp" else "batch_size"
             problems.append(
                 _over(
                     f"{sec}.batch_size",

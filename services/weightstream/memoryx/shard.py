@@ -254,10 +254,12 @@ class MemoryXShard:
             for n in self.names:
                 grad = self._grad_key(n)
 
-                def update(blocks: list[np.ndarray]) -> None:
+                def update(blocks: list[np.ndarray], wd: float = self.opt.weight_decay_for(n)) -> None:
                     w, g, *st = blocks
                     state = dict(zip(names, st, strict=True))
-                    optimizer_step(self.opt, w, g, state, step=step + 1, lr=lr, scale=clip_coef)
+                    optimizer_step(
+                        self.opt, w, g, state, step=step + 1, lr=lr, scale=clip_coef, weight_decay=wd
+                    )
 
                 # block by block: weight, gradient and state in, weight and state back
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])

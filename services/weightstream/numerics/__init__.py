@@ -2,12 +2,14 @@
 
 from weightstream.numerics.fc_mlp import FCMLPConfig, build_fc_mlp
 from weightstream.numerics.gpt2 import GPT2Config, build_gpt2
+from weightstream.numerics.llama import LlamaConfig, build_llama
 from weightstream.numerics.model import ModelDef, ParamSpec, Unit, forward_backward, forward_loss, init_params
 from weightstream.numerics.optim import OptimizerConfig, SchedulePiece
 
 __all__ = [
     "FCMLPConfig",
     "GPT2Config",
+    "LlamaConfig",
     "ModelDef",
     "OptimizerConfig",
     "ParamSpec",
@@ -15,6 +17,7 @@ __all__ = [
     "Unit",
     "build_fc_mlp",
     "build_gpt2",
+    "build_llama",
     "forward_backward",
     "forward_loss",
     "init_params",

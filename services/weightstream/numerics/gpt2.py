@@ -3,6 +3,11 @@
 Exactly the Hugging Face ``GPT2LMHeadModel`` architecture (learned positions, pre-LayerNorm blocks, causal
 multi-head attention, tanh-GELU MLP, biases, head tied to ``wte``) with its parameter names and its
 Conv1D layout (weights stored [in, out]), so checkpoints load into ``transformers`` as they are.
+
+Dropout is Hugging Face's ``embd_pdrop`` (``embedding_dropout_rate``: on wte + wpe) and ``resid_pdrop``
+(``dropout_rate``: on each block's two projections, bias included, before their residual adds), active
+only under a ``dropout.dropout_scope`` (see dropout.py); attention dropout is not implemented. Each site
+is named after its Hugging Face module (``transformer.h.3.attn.resid_dropout``), which seeds its masks.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ import numpy as np
 from weightstream.numerics._blocked import matmul, single_threaded_blas, sum_rows
 from weightstream.numerics._memory import retain_freed_memory
 from weightstream.numerics.attention import attention_backward_t, attention_forward_t
+from weightstream.numerics.dropout import (
+    dropout_add_bias_residual,
+    dropout_backward,
+    dropout_forward,
+    dropout_mask,
+)
 from weightstream.numerics.layers import (
     add_bias_residual,
     add_layer_norm_forward,
@@ -47,21 +58,39 @@ class GPT2Config:
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
+    dropout_rate: float = 0.0  # Hugging Face's resid_pdrop
+    embedding_dropout_rate: float = 0.0  # Hugging Face's embd_pdrop
+
+    def __post_init__(self) -> None:
+        for name in ("dropout_rate", "embedding_dropout_rate"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:  # also refuses NaN
+                raise ValueError(f"GPT2Config.{name} must be in [0, 1) (got {rate!r})")
 
 
 class EmbeddingUnit:
-    """ids [B, T] -> x [B, T, C] = wte[ids] + wpe[:T]."""
+    """ids [B, T] -> x [B, T, C] = dropout(wte[ids] + wpe[:T])."""
 
     name = "embedding"
     param_names = (WTE, WPE)
+    dropout_site = "transformer.drop"
 
-    def forward(self, params: Params, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __init__(self, dropout_rate: float = 0.0) -> None:
+        self.dropout_rate = dropout_rate
+
+    def forward(self, params: Params, ids: np.ndarray) -> tuple[np.ndarray, Any]:
         t = ids.shape[1]
         x = params[WTE][ids]  # [B, T, C] (a gather, so already a fresh array)
         x += params[WPE][:t]
-        return x, ids
+        mask = dropout_mask(self.dropout_site, x.shape, self.dropout_rate)  # [B, T, C] bool or None
+        if mask is not None:
+            dropout_forward(x, mask, self.dropout_rate, out=x)
+        return x, (ids, mask)
 
-    def backward(self, params: Params, ids: np.ndarray, dx: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+    def backward(self, params: Params, saved: Any, dx: np.ndarray) -> tuple[None, dict[str, np.ndarray]]:
+        ids, mask = saved
+        if mask is not None:  # into a fresh array: dx belongs to the caller
+            dx = dropout_backward(dx, mask, self.dropout_rate)
         t = ids.shape[1]
         dwpe = np.zeros_like(params[WPE])
         dwpe[:t] = dx.sum(axis=0)  # [T, C]
@@ -71,10 +100,11 @@ class EmbeddingUnit:
 class BlockUnit:
     """One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). [B, T, C] -> [B, T, C]."""
 
-    def __init__(self, index: int, n_head: int, eps: float) -> None:
+    def __init__(self, index: int, n_head: int, eps: float, dropout_rate: float = 0.0) -> None:
         self.name = f"h.{index}"
         self.prefix = p = f"transformer.h.{index}."
-        self.n_head, self.eps = n_head, eps
+        self.n_head, self.eps, self.dropout_rate = n_head, eps, dropout_rate
+        self.attn_dropout_site, self.mlp_dropout_site = p + "attn.resid_dropout", p + "mlp.dropout"
         self.param_names = tuple(
             p + s
             for s in (
@@ -106,29 +136,41 @@ class BlockUnit:
             a_t, att = attention_forward_t(qkv_t, b, self.n_head)  # [C, N]
             # The other three biases are added by the elementwise pass that follows each product.
             x1 = matmul(a_t.T, w["attn.c_proj.weight"]).reshape(b, t, c)
-            x1, h2, ln2 = add_layer_norm_forward(  # x1 = attn + bias + x (residual 1), h2 = ln_2(x1)
-                x1, w["attn.c_proj.bias"], x, w["ln_2.weight"], w["ln_2.bias"], self.eps
-            )
+            m_attn = dropout_mask(self.attn_dropout_site, x1.shape, self.dropout_rate)  # [B, T, C] or None
+            if m_attn is None:
+                x1, h2, ln2 = add_layer_norm_forward(  # x1 = attn + bias + x (residual 1), h2 = ln_2(x1)
+                    x1, w["attn.c_proj.bias"], x, w["ln_2.weight"], w["ln_2.bias"], self.eps
+                )
+            else:  # the mask goes between the bias and the residual, so the add cannot ride ln_2's pass
+                dropout_add_bias_residual(x1, w["attn.c_proj.bias"], m_attn, self.dropout_rate, x)
+                h2, ln2 = layer_norm_forward(x1, w["ln_2.weight"], w["ln_2.bias"], self.eps)
             f = linear_forward(h2, w["mlp.c_fc.weight"], None)  # [B, T, F]
             g, dgdf = gelu_forward(f, w["mlp.c_fc.bias"], out=f)  # g overwrites f; dgdf = dg/df
             y = linear_forward(g, w["mlp.c_proj.weight"], None)
-            add_bias_residual(y, w["mlp.c_proj.bias"], x1)  # residual 2
-        return y, (ln1, h1, att, a_t, ln2, h2, dgdf, g)
+            m_mlp = dropout_mask(self.mlp_dropout_site, y.shape, self.dropout_rate)  # [B, T, C] or None
+            if m_mlp is None:
+                add_bias_residual(y, w["mlp.c_proj.bias"], x1)  # residual 2
+            else:
+                dropout_add_bias_residual(y, w["mlp.c_proj.bias"], m_mlp, self.dropout_rate, x1)
+        return y, (ln1, h1, att, a_t, ln2, h2, dgdf, g, m_attn, m_mlp)
 
     def backward(
         self, params: Params, saved: Any, dy: np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Consumes ``saved``: each gradient is written over a saved activation at its last use, so
-        backward faults in no activation-sized buffer of its own."""
+        backward faults in no activation-sized buffer of its own (with dropout on, one [B, T, C]: the
+        projections' gradients through their masks)."""
         w = {name[len(self.prefix) :]: params[name] for name in self.param_names}
-        ln1, h1, att, a_t, ln2, h2, dgdf, g = saved
+        ln1, h1, att, a_t, ln2, h2, dgdf, g, m_attn, m_mlp = saved
         b, t, c = dy.shape
         n = b * t
         grads: dict[str, np.ndarray] = {}
         with single_threaded_blas():
-            # MLP branch
+            # MLP branch. Through dropout the projection sees dy * mask / (1 - p), in a buffer of its own:
+            # dy itself still flows around the branch (residual 2).
+            dproj = dy if m_mlp is None else dropout_backward(dy, m_mlp, self.dropout_rate)  # [B, T, C]
             dg, grads["mlp.c_proj.weight"], grads["mlp.c_proj.bias"] = linear_backward(
-                g, w["mlp.c_proj.weight"], dy, dx_out=g
+                g, w["mlp.c_proj.weight"], dproj, dx_out=g
             )
             df = gelu_backward(None, dgdf, _present(dg), out=dg)
             dh2, grads["mlp.c_fc.weight"], grads["mlp.c_fc.bias"] = linear_backward(
@@ -141,11 +183,18 @@ class BlockUnit:
                 residual=dy,
                 out=dh2,  # + dy: residual 2
             )
-            # attention branch, feature-major like its forward
-            dx1_2 = dx1.reshape(n, c)
-            grads["attn.c_proj.weight"] = matmul(a_t, dx1_2)  # [C, C]
-            grads["attn.c_proj.bias"] = sum_rows(dx1_2)
-            da_t = matmul(w["attn.c_proj.weight"], dx1_2.T, out=ln2.xhat.reshape(c, n))  # xhat is dead
+            # attention branch, feature-major like its forward. Through dropout the projection sees
+            # dx1 * mask / (1 - p), written over dproj (dead since the MLP projection's backward; dy is the
+            # caller's, never written): dx1 itself still flows around the branch (residual 1).
+            if m_attn is not None:
+                dx1_spare = None if dproj is dy else dproj
+                dproj = dropout_backward(dx1, m_attn, self.dropout_rate, out=dx1_spare)
+            else:
+                dproj = dx1
+            dproj_2 = dproj.reshape(n, c)
+            grads["attn.c_proj.weight"] = matmul(a_t, dproj_2)  # [C, C]
+            grads["attn.c_proj.bias"] = sum_rows(dproj_2)
+            da_t = matmul(w["attn.c_proj.weight"], dproj_2.T, out=ln2.xhat.reshape(c, n))  # xhat is dead
             spare = dgdf.reshape(-1)  # dead since gelu_backward: [N, F] holds [3C, N] when F >= 3C
             dqkv_t = attention_backward_t(
                 att, da_t, out=spare[: 3 * c * n].reshape(3 * c, n) if spare.size >= 3 * c * n else None
@@ -235,8 +284,8 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))
     units = (
-        EmbeddingUnit(),
-        *(BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon) for i in range(cfg.n_layer)),
+        EmbeddingUnit(cfg.embedding_dropout_rate),
+        *(BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon, cfg.dropout_rate) for i in range(cfg.n_layer)),
         HeadUnit(cfg.layer_norm_epsilon, cfg.tie_word_embeddings),
     )
     return ModelDef("gpt2", units, {s.name: s for s in specs})

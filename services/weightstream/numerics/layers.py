@@ -280,12 +280,18 @@ def cross_entropy_forward(
 ) -> tuple[float, tuple[np.ndarray, np.ndarray, float]]:
     """logits [..., V], targets [...] int -> sum of token losses / denom.
 
-    ``denom`` is the token count of the *global* batch, not of this worker's shard: summing the
-    workers' gradients then gives exactly the gradient of the global mean loss, whatever N is.
+    A negative target (-1: padding) is ignored: its loss is 0 and its gradient row is 0 (torch's
+    ``ignore_index``). ``denom`` is the number of counted (non-negative) targets of the *global* batch,
+    not of this worker's shard: summing the workers' gradients then gives exactly the gradient of the
+    global mean loss, whatever N is.
     """
     v = logits.shape[-1]
     z = logits.reshape(-1, v)  # [N, V]
     tgt = targets.reshape(-1)  # [N]
+    ignored = tgt < 0  # [N]
+    any_ignored = bool(ignored.any())
+    # a valid index for every row (the picked logit of an ignored row is discarded below)
+    pick = np.where(ignored, 0, tgt) if any_ignored else tgt  # [N]
     p = np.empty_like(z)  # softmax probabilities, reused as the gradient buffer in backward
     token_loss = np.empty(z.shape[0], dtype=np.float64)  # [N]
 
@@ -294,17 +300,26 @@ def cross_entropy_forward(
         e = np.subtract(z[s], zmax, out=p[s])
         np.exp(e, out=e)
         sumexp = e.sum(axis=-1, keepdims=True)
-        token_loss[s] = (np.log(sumexp) + zmax)[:, 0] - z[s][np.arange(e.shape[0]), tgt[s]]
+        token_loss[s] = (np.log(sumexp) + zmax)[:, 0] - z[s][np.arange(e.shape[0]), pick[s]]
         e *= 1.0 / sumexp
 
     for_row_blocks(rows, z.shape[0], v)
+    if any_ignored:
+        token_loss[ignored] = 0.0
     return float(token_loss.sum() / denom), (p, tgt, denom)
 
 
 def cross_entropy_backward(saved: tuple[np.ndarray, np.ndarray, float], shape: tuple[int, ...]) -> np.ndarray:
-    """Returns dlogits with the logits' shape: (softmax - onehot) / denom. Consumes ``saved``."""
+    """Returns dlogits with the logits' shape: (softmax - onehot) / denom, and a zero row for every
+    ignored (negative) target. Consumes ``saved``."""
     p, tgt, denom = saved
-    p[np.arange(tgt.shape[0]), tgt] -= 1.0
+    ignored = tgt < 0  # [N]
+    if ignored.any():
+        kept = np.nonzero(~ignored)[0]  # [n] rows that count
+        p[kept, tgt[kept]] -= 1.0
+        p[ignored] = 0.0
+    else:
+        p[np.arange(tgt.shape[0]), tgt] -= 1.0
     scale = p.dtype.type(1.0 / denom)
 
     def rows(s: slice) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "clip_coefficient",
     "grad_sq_sum",
     "init_state",
+    "is_bias_or_norm",
     "learning_rate_at",
     "optimizer_step",
     "sgd_step",
@@ -146,9 +147,21 @@ class OptimizerConfig:
     momentum: float = 0.0
     nesterov: bool = False
     max_gradient_norm: float | None = None
+    exclude_bias_and_norm: bool = True  # ModelZoo's rule: no weight decay on biases and norm weights
 
     def learning_rate(self, step: int) -> float:
         return learning_rate_at(self.schedule, step)
+
+    def weight_decay_for(self, name: str) -> float:
+        """The weight decay of tensor ``name`` (by its Hugging Face name)."""
+        return 0.0 if self.exclude_bias_and_norm and is_bias_or_norm(name) else self.weight_decay
+
+
+def is_bias_or_norm(name: str) -> bool:
+    """A bias, or a weight of a normalisation layer: GPT-2's ln_1/ln_2/ln_f, LLaMA's input_layernorm,
+    post_attention_layernorm and final norm (as ModelZoo's configure_param_groups tells them apart)."""
+    *modules, leaf = name.split(".")
+    return leaf == "bias" or any(m.startswith("ln_") or m.endswith("norm") for m in modules)
 
 
 def state_names(kind: OptimizerKind) -> tuple[str, ...]:
@@ -175,9 +188,12 @@ def optimizer_step(
     step: int,
     lr: float,
     scale: float = 1.0,
+    weight_decay: float | None = None,
 ) -> None:
     """Apply one update to one tensor in place, with the gradient multiplied by ``scale`` first (the
-    clipping coefficient). ``grad`` is never written (it may be a read-only mapping)."""
+    clipping coefficient). ``grad`` is never written (it may be a read-only mapping). ``weight_decay``:
+    this tensor's (``cfg.weight_decay_for(name)``); None: ``cfg.weight_decay``."""
+    wd = cfg.weight_decay if weight_decay is None else weight_decay
     arrays = [param, grad, *state.values()]
     if not all(a.flags.c_contiguous for a in arrays):
         raise ValueError("optimizer_step works on C-contiguous arrays")
@@ -194,7 +210,7 @@ def optimizer_step(
                 st["momentum_buffer"],
                 lr=lr,
                 momentum=cfg.momentum,
-                weight_decay=cfg.weight_decay,
+                weight_decay=wd,
                 nesterov=cfg.nesterov,
             )
         else:
@@ -209,7 +225,7 @@ def optimizer_step(
                 beta1=b1,
                 beta2=b2,
                 eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
+                weight_decay=wd,
                 decoupled=cfg.kind == "adamw",
             )
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 __all__ = ["UNSUPPORTED"]
 
 _LOADER = "a PyTorch DataLoader knob; weightstream's activation servers do not use it"
+# keys a model family declares itself are not these (load.py): rotary_dim is llama's own, gpt2's unsupported
+_LEARNED = "gpt2 uses learned position embeddings; rotary embeddings are model.name: llama"
+_MHA = "gpt2 uses multi-head attention; grouped-query attention is model.name: llama"
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "": {"sparsity": "weight sparsity is not implemented yet"},
     "train_input": {
-        "num_workers": _LOADER,
         "prefetch_factor": _LOADER,
         "persistent_workers": _LOADER,
-        "drop_last": "weightstream always uses whole global batches",
         "use_worker_index": _LOADER,
-        "vocab_file": "TextFileDataProcessor uses byte-level tokens; TokenFileDataProcessor reads token ids",
+        "vocab_file": "tokenize with `weightstream data-preprocess`, read with GptHDF5MapDataProcessor",
         "mixed_precision": "use model.fp16_type",
         "repeat": "the data repeats as many times as max_steps needs",
     },
@@ -26,16 +27,16 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "precision_opt_level": "not applicable",
         "boundary_casting": "not applicable",
         "tf_summary": "not applicable",
-        "rotary_dim": "only learned position embeddings are implemented",
-        "rope_theta": "only learned position embeddings are implemented",
-        "alibi_trainable_slopes": "only learned position embeddings are implemented",
-        "num_relative_attention_buckets": "only learned position embeddings are implemented",
+        "rotary_dim": _LEARNED,
+        "rope_theta": _LEARNED,
+        "alibi_trainable_slopes": "ALiBi is not implemented",
+        "num_relative_attention_buckets": "relative position buckets are not implemented",
         "embeddings_scale": "GPT-2 does not scale embeddings",
         "scale_qk_dot_by_d": "GPT-2 scales by 1/sqrt(d)",
         "attention_softmax_fp32": "softmax is always computed in fp32",
         "fixed_sparse_attention": "sparse attention is not implemented",
-        "attention_module": "only GPT-2 attention is implemented",
-        "extra_attention_params": "only GPT-2 attention is implemented",
+        "attention_module": _MHA,
+        "extra_attention_params": _MHA,
         "embedding_initializer": "use model.initializer_range",
         "initializer": "use model.initializer_range",
         "output_layer_initializer": "use model.initializer_range",

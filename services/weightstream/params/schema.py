@@ -23,9 +23,13 @@ from pydantic import (
 
 __all__ = [
     "DATA_PROCESSORS",
+    "ExtraAttentionParams",
     "FCMLPModelParams",
     "GPT2ModelParams",
     "InputParams",
+    "LanguageModelParams",
+    "LlamaModelParams",
+    "MixtureParams",
     "OptimizerParams",
     "Params",
     "RunConfig",
@@ -39,7 +43,11 @@ class _Section(BaseModel):
 
 
 DataProcessor = Literal[
-    "TextFileDataProcessor", "TokenFileDataProcessor", "SyntheticDataProcessor", "DigitsDataProcessor"
+    "TextFileDataProcessor",
+    "TokenFileDataProcessor",
+    "GptHDF5MapDataProcessor",
+    "SyntheticDataProcessor",
+    "DigitsDataProcessor",
 ]
 DATA_PROCESSORS: tuple[str, ...] = DataProcessor.__args__  # type: ignore[attr-defined]
 
@@ -53,9 +61,17 @@ def _zero_dropout(v: float) -> float:
 ZeroDropout = Annotated[float, AfterValidator(_zero_dropout)]
 
 
+class MixtureParams(_Section):
+    """One dataset of a mixture: its directory and its share of the samples (weights are normalised)."""
+
+    data_dir: str
+    weight: PositiveFloat = 1.0
+
+
 class InputParams(_Section):
     data_processor: DataProcessor
     data_dir: str | list[str] | None = None
+    mixture: list[MixtureParams] | None = Field(default=None, min_length=1)  # instead of data_dir
     batch_size: PositiveInt  # the global batch, divided evenly across num_csx
     max_sequence_length: PositiveInt | None = None
     shuffle: bool = True
@@ -63,36 +79,88 @@ class InputParams(_Section):
     # samples per micro-batch on a worker (gradients accumulate over a shard's micro-batches);
     # None: the whole shard, or the largest that fits runconfig.worker_memory_mb when that is set
     micro_batch_size: PositiveInt | None = None
+    # true: each epoch is whole batches, its remainder skipped (reshuffled into the next epoch); false:
+    # a batch takes the last samples of one epoch and the first of the next. None: true for
+    # GptHDF5MapDataProcessor (ModelZoo's default), false for the others
+    drop_last: bool | None = None
+    num_workers: NonNegativeInt = 0  # threads an activation server reads HDF5 files with (0: one)
 
 
-class GPT2ModelParams(_Section):
-    name: Literal["gpt2"]
+class _LanguageModelParams(_Section):
+    """What every decoder-only language model shares: sizes, vocabulary, positions, initialisation."""
+
+    name: str
     vocab_size: PositiveInt
     hidden_size: PositiveInt
     num_hidden_layers: PositiveInt
     num_heads: PositiveInt
-    filter_size: PositiveInt | None = None  # default 4 * hidden_size
+    filter_size: PositiveInt | None = None  # the MLP's inner size
     max_position_embeddings: PositiveInt
-    position_embedding_type: Literal["learned"] = "learned"
-    share_embedding_weights: bool = True
-    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"  # both mean GPT-2's tanh approximation
     layer_norm_epsilon: PositiveFloat = 1e-5
     initializer_range: PositiveFloat = 0.02
-    dropout_rate: ZeroDropout = 0.0
-    embedding_dropout_rate: ZeroDropout = 0.0
     attention_dropout_rate: ZeroDropout = 0.0
     attention_type: Literal["scaled_dot_product"] = "scaled_dot_product"
-    norm_type: Literal["layernorm"] = "layernorm"
     loss_scaling: Literal["num_tokens"] = "num_tokens"
-    use_projection_bias_in_attention: Literal[True] = True
-    use_ffn_bias_in_attention: Literal[True] = True
-    use_ffn_bias: Literal[True] = True
-    use_bias_in_output: Literal[False] = False
     fp16_type: Literal["bfloat16"] | None = None  # bf16 on the wire; the master copy stays fp32
 
     @property
     def inner_size(self) -> int:
         return self.filter_size if self.filter_size is not None else 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class GPT2ModelParams(_LanguageModelParams):
+    name: Literal["gpt2"]
+    position_embedding_type: Literal["learned"] = "learned"
+    share_embedding_weights: bool = True
+    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"  # both mean GPT-2's tanh approximation
+    # Hugging Face's resid_pdrop (after each projection, before its residual add) and embd_pdrop
+    dropout_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    embedding_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = None  # None: dropout_rate
+    norm_type: Literal["layernorm"] = "layernorm"
+    use_projection_bias_in_attention: Literal[True] = True
+    use_ffn_bias_in_attention: Literal[True] = True
+    use_ffn_bias: Literal[True] = True
+    use_bias_in_output: Literal[False] = False
+
+
+class ExtraAttentionParams(_Section):
+    num_kv_groups: PositiveInt  # key/value heads of grouped-query attention
+
+
+class LlamaModelParams(_LanguageModelParams):
+    """ModelZoo's ``name: llama`` keys, as Hugging Face's ``LlamaForCausalLM`` implements them."""
+
+    name: Literal["llama"]
+    filter_size: PositiveInt  # SwiGLU's inner size (intermediate_size); no default, as in ModelZoo
+    position_embedding_type: Literal["rotary"] = "rotary"
+    rope_theta: PositiveFloat = 10000.0
+    rotary_dim: PositiveInt | None = None  # None: the whole head (Hugging Face's LLaMA rotates all of it)
+    norm_type: Literal["rmsnorm"] = "rmsnorm"
+    nonlinearity: Literal["swiglu"] = "swiglu"
+    share_embedding_weights: bool = False
+    # Hugging Face's attention_bias puts a bias on q, k, v and o alike: the two keys must agree
+    use_projection_bias_in_attention: bool = False  # q, k, v
+    use_ffn_bias_in_attention: bool = False  # o
+    use_ffn_bias: bool = False  # gate, up, down (mlp_bias)
+    use_bias_in_output: Literal[False] = False  # LlamaForCausalLM's head has no bias
+    # multiquery_attention with extra_attention_params.num_kv_groups: grouped-query attention
+    attention_module: Literal["aiayn_attention", "multiquery_attention"] = "aiayn_attention"
+    extra_attention_params: ExtraAttentionParams | None = None
+    dropout_rate: ZeroDropout = 0.0
+    embedding_dropout_rate: ZeroDropout = 0.0
+
+    @property
+    def num_kv_heads(self) -> int:
+        if self.attention_module == "aiayn_attention":
+            return self.num_heads
+        return self.extra_attention_params.num_kv_groups if self.extra_attention_params else 1
+
+
+LanguageModelParams = GPT2ModelParams | LlamaModelParams
 
 
 class FCMLPModelParams(_Section):
@@ -131,6 +199,8 @@ class OptimizerParams(_Section):
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     nesterov: bool = False
     max_gradient_norm: PositiveFloat | None = None
+    # ModelZoo's rule: biases and normalisation weights get no weight decay; false decays every tensor
+    exclude_bias_and_norm_from_weight_decay: bool = True
 
     @field_validator("optimizer_type", mode="before")
     @classmethod
@@ -193,6 +263,6 @@ class RunConfig(_Section):
 class Params(_Section):
     train_input: InputParams
     eval_input: InputParams | None = None
-    model: Annotated[GPT2ModelParams | FCMLPModelParams, Field(discriminator="name")]
+    model: Annotated[GPT2ModelParams | LlamaModelParams | FCMLPModelParams, Field(discriminator="name")]
     optimizer: OptimizerParams
     runconfig: RunConfig

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from weightstream.numerics import ModelDef
 from weightstream.params import Params, model_def
-from weightstream.params.schema import GPT2ModelParams
+from weightstream.params.schema import LanguageModelParams
 from weightstream.params.size import num_params
 from weightstream.plan import make_plan
 
@@ -94,7 +94,7 @@ def _shard_params(params: Params, model: ModelDef, shards: int) -> tuple[int, ..
 def _unit_flops(params: Params, model: ModelDef, index: int) -> float:
     """Forward FLOPs of unit ``index`` for one sample: 2 per multiply-add of every matmul."""
     unit, m = model.units[index], params.model
-    if not isinstance(m, GPT2ModelParams):  # fc_mlp: one [in, out] matmul per unit and sample
+    if not isinstance(m, LanguageModelParams):  # fc_mlp: one [in, out] matmul per unit and sample
         return float(
             sum(2 * model.specs[n].numel for n in unit.param_names if len(model.specs[n].shape) == 2)
         )
@@ -102,7 +102,7 @@ def _unit_flops(params: Params, model: ModelDef, index: int) -> float:
     if unit.name == "embedding":
         return 0.0  # a gather and an add: no matmul
     if unit.name == "head":
-        return 2.0 * t * c * m.vocab_size  # logits = ln_f(x) @ wte^T
+        return 2.0 * t * c * m.vocab_size  # logits = norm(x) @ head^T
     # a block: every [in, out] weight once per token, plus attention's two T x T x C products (the
     # implementation computes the full square, masked afterwards)
     matmuls = sum(model.specs[n].numel for n in unit.param_names if len(model.specs[n].shape) == 2)
@@ -111,9 +111,9 @@ def _unit_flops(params: Params, model: ModelDef, index: int) -> float:
 
 def _describe(params: Params) -> str:
     m = params.model
-    if isinstance(m, GPT2ModelParams):
+    if isinstance(m, LanguageModelParams):
         return (
-            f"gpt2 hidden {m.hidden_size} x {m.num_hidden_layers} layers, vocab {m.vocab_size}, "
+            f"{m.name} hidden {m.hidden_size} x {m.num_hidden_layers} layers, vocab {m.vocab_size}, "
             f"seq {params.train_input.max_sequence_length}"
         )
     return f"fc_mlp {m.input_size}-{m.hidden_size}x{m.depth}-{m.num_classes}"

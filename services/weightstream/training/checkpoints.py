@@ -26,7 +26,7 @@ from weightstream.checkpoint_layout import (
     recovery_snapshots,
 )
 from weightstream.params import Params
-from weightstream.params.schema import GPT2ModelParams
+from weightstream.params.schema import GPT2ModelParams, LlamaModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
 from weightstream.training.errors import JobFailed
 
@@ -53,7 +53,7 @@ def partial_dir(model_dir: Path, step: int) -> Path:
 
 
 def hf_config(params: Params) -> dict[str, Any]:
-    """config.json: Hugging Face's GPT2Config for gpt2 (so from_pretrained works), ours for fc_mlp."""
+    """config.json: Hugging Face's GPT2Config or LlamaConfig (so from_pretrained works), ours for fc_mlp."""
     m = params.model
     if isinstance(m, GPT2ModelParams):
         return {
@@ -68,13 +68,39 @@ def hf_config(params: Params) -> dict[str, Any]:
             "activation_function": "gelu_new",
             "layer_norm_epsilon": m.layer_norm_epsilon,
             "initializer_range": m.initializer_range,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
+            "resid_pdrop": m.dropout_rate,  # what the model trained with, for whoever trains it on
+            "embd_pdrop": m.dropout_rate if m.embedding_dropout_rate is None else m.embedding_dropout_rate,
             "attn_pdrop": 0.0,
             "scale_attn_weights": True,
             "tie_word_embeddings": m.share_embedding_weights,
             "bos_token_id": None,
             "eos_token_id": None,  # byte and synthetic tokens have no special ids
+            "torch_dtype": "float32",
+        }
+    if isinstance(m, LlamaModelParams):
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.hidden_size,
+            "intermediate_size": m.inner_size,
+            "num_hidden_layers": m.num_hidden_layers,
+            "num_attention_heads": m.num_heads,
+            "num_key_value_heads": m.num_kv_heads,
+            "head_dim": m.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": m.max_position_embeddings,
+            "initializer_range": m.initializer_range,
+            "rms_norm_eps": m.layer_norm_epsilon,
+            # transformers < 5 reads rope_theta, 5 reads rope_parameters: both, so either loads it
+            "rope_theta": m.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_theta},
+            "attention_bias": m.use_projection_bias_in_attention,
+            "attention_dropout": 0.0,
+            "mlp_bias": m.use_ffn_bias,
+            "tie_word_embeddings": m.share_embedding_weights,
+            "bos_token_id": None,
+            "eos_token_id": None,
             "torch_dtype": "float32",
         }
     return {"model_type": "weightstream_fc_mlp", **m.model_dump(mode="json")}

@@ -14,6 +14,7 @@ import numpy as np
 
 from weightstream.data import make_data_processor
 from weightstream.numerics import forward_backward, forward_loss, init_params
+from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.model import accumulate_grads
 from weightstream.numerics.optim import clip_coefficient, grad_sq_sum, init_state, optimizer_step
 from weightstream.params import Params, model_def, optimizer_config
@@ -28,7 +29,7 @@ class StepResult:
     loss: float
     learning_rate: float
     grad_norm: float  # global norm before clipping
-    tokens: int  # target tokens (or samples) in the global batch
+    tokens: int  # counted target tokens (or samples) in the global batch
     step_time_s: float
 
 
@@ -50,11 +51,11 @@ class ReferenceTrainer:
         """Loss and summed gradients of the global batch of ``step``, computed shard by shard."""
         loss = 0.0
         grads: dict[str, np.ndarray] = {}
-        denom = 0
+        denom = self.train_data.global_tokens(step)  # counted target tokens of the global batch
         for w in range(self.num_shards):
             x, y = self.train_data.shard(step, w, self.num_shards)
-            denom = denom or y.size * self.num_shards  # target tokens in the global batch
-            part_loss, part = forward_backward(self.model, self.weights, x, y, denom)
+            with dropout_scope(self.params.runconfig.seed, step, first_sample=w * len(x)):
+                part_loss, part = forward_backward(self.model, self.weights, x, y, denom)
             loss += part_loss
             accumulate_grads(grads, part)
         return loss, grads, denom
@@ -69,7 +70,14 @@ class ReferenceTrainer:
         lr = self.opt.learning_rate(self.step)
         for name, g in grads.items():
             optimizer_step(
-                self.opt, self.weights[name], g, self.state[name], step=self.step + 1, lr=lr, scale=coef
+                self.opt,
+                self.weights[name],
+                g,
+                self.state[name],
+                step=self.step + 1,
+                lr=lr,
+                scale=coef,
+                weight_decay=self.opt.weight_decay_for(name),
             )
         self.step += 1
         return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
@@ -82,7 +90,7 @@ class ReferenceTrainer:
         losses = []
         for s in range(self.params.runconfig.eval_steps):
             x, y = self.eval_data.global_batch(s)
-            losses.append(forward_loss(self.model, self.weights, x, y, y.size))
+            losses.append(forward_loss(self.model, self.weights, x, y, self.eval_data.global_tokens(s)))
         eval_loss = float(np.mean(losses))
         check_finite(self.step, eval_loss=eval_loss)
         return eval_loss

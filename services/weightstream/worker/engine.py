@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from weightstream.numerics import ModelDef
+from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
 from weightstream.numerics.model import accumulate_grads
 
@@ -39,13 +40,16 @@ class UnitSource(Protocol):
 
 
 class BatchSource(Protocol):
-    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(inputs, targets, counted targets of the global batch) of worker ``worker``'s shard; a target
+        of -1 is padding, which the loss ignores."""
+        ...
 
 
 @dataclass(frozen=True)
 class StepOutcome:
     loss: float  # this worker's share of the global mean loss
-    tokens: int  # target tokens in this worker's shard
+    tokens: int  # counted target tokens (not padding) in this worker's shard
     compute_s: float
     wait_s: float  # time blocked waiting for weights or for gradient pushes
     peak_rss_bytes: int
@@ -76,10 +80,12 @@ class WorkerEngine:
         memory_budget_bytes: int | None = None,
         micro_batch: int | None = None,
         pipelined: bool = False,
+        seed: int = 0,
     ) -> None:
         self.model, self.index, self.num_workers = model, index, num_workers
         self.units, self.batches, self.budget = units, batches, memory_budget_bytes
         self.micro_batch, self.pipelined = micro_batch, pipelined
+        self.seed = seed  # dropout masks: a function of (seed, step, global sample, site) only
         unit_bytes = [model.unit_bytes(u) for u in range(len(model.units))]
         # weights count against the budget first: two units while streaming, all of them when pipelined
         self.weight_bytes = sum(unit_bytes) if pipelined else 2 * max(unit_bytes)
@@ -124,11 +130,12 @@ class WorkerEngine:
         micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
         t_start = time.perf_counter()
         wait = [0.0]
-        x, y = self.batches.get("train", step, self.index, self.num_workers)
-        denom = y.size * self.num_workers  # target tokens of the global batch (shards are equal)
+        # denom: counted target tokens of the global batch (the shard alone cannot tell them)
+        x, y, denom = self.batches.get("train", step, self.index, self.num_workers)
         m = self.micro_batch or len(x)
         xs = [x[i : i + m] for i in range(0, len(x), m)]  # micro-batches: [m, ...] each
         ys = [y[i : i + m] for i in range(0, len(y), m)]
+        first = [self.index * len(x) + i for i in range(0, len(x), m)]  # global index of each one's row 0
         n_units = len(self.model.units)
         inputs: list[list[np.ndarray]] = []
         saved: list[list[Any]] = []
@@ -144,8 +151,9 @@ class WorkerEngine:
             kept += nbytes(xs)
             saved.append([])
             outs = []
-            for xk in xs:
-                out, s = self.model.units[u].forward(params, xk)
+            for k, xk in enumerate(xs):
+                with dropout_scope(self.seed, step, first[k]):  # this micro-batch's global samples
+                    out, s = self.model.units[u].forward(params, xk)
                 size = nbytes(s)
                 keep = self.budget is None or kept + size <= self.budget
                 saved[u].append(s if keep else None)  # None: recompute in backward from the input
@@ -174,8 +182,9 @@ class WorkerEngine:
             total: Tensors = {}
             for k in range(len(dys)):
                 s = saved[u][k]
-                if s is None:
-                    _, s = unit.forward(params, inputs[u][k])
+                if s is None:  # recomputed under the forward's scope: the same dropout masks
+                    with dropout_scope(self.seed, step, first[k]):
+                        _, s = unit.forward(params, inputs[u][k])
                     recomputed += 1
                 dy = dys[k]
                 assert dy is not None
@@ -197,20 +206,20 @@ class WorkerEngine:
             f.result()
         wait[0] += time.perf_counter() - t0
         elapsed = time.perf_counter() - t_start
-        return StepOutcome(loss, int(y.size), elapsed - wait[0], wait[0], peak_rss_bytes(), recomputed)
+        tokens = int(np.count_nonzero(y >= 0))
+        return StepOutcome(loss, tokens, elapsed - wait[0], wait[0], peak_rss_bytes(), recomputed)
 
     def evaluate(self, step: int, num_batches: int) -> float:
         """Sum over ``num_batches`` eval batches of this worker's share of each batch's mean loss.
         Each unit streams in once and runs over every eval batch before the next unit."""
         wait = [0.0]
         batches = [self.batches.get("eval", b, self.index, self.num_workers) for b in range(num_batches)]
-        xs = [b[0] for b in batches]
+        xs = [b[0] for b in batches]  # batches: (inputs, targets, global counted targets) each
         for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
             xs = [self.model.units[u].forward(params, x)[0] for x in xs]
             del params
         return sum(
-            cross_entropy_forward(x, y, y.size * self.num_workers)[0]
-            for x, (_, y) in zip(xs, batches, strict=True)
+            cross_entropy_forward(x, y, denom)[0] for x, (_, y, denom) in zip(xs, batches, strict=True)
         )
 
 

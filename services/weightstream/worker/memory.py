@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from weightstream.numerics import ModelDef
+from weightstream.numerics.dropout import dropout_scope
 from weightstream.worker.engine import nbytes
 
 __all__ = ["MemoryBudgetError", "MemoryProfile", "choose_micro_batch", "profile"]
@@ -40,7 +41,8 @@ def profile(model: ModelDef, sample: np.ndarray) -> MemoryProfile:
         params = {n: np.zeros(model.specs[n].shape, np.float32) for n in unit.param_names}
         unit_bytes = max(unit_bytes, nbytes(tuple(params.values())))
         inputs += x.nbytes
-        x, s = unit.forward(params, x)
+        with dropout_scope(0, 0, 0):  # training's forward: dropout masks are kept for backward too
+            x, s = unit.forward(params, x)
         saved = max(saved, nbytes(s))
     return MemoryProfile(inputs, saved, unit_bytes)
 

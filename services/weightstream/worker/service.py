@@ -79,11 +79,12 @@ class ActivationClient:
         self._get = tensors_out_client(channel, "Activation", "GetBatch", pb.BatchRequest)
         self.peer, self.timeout_s = f"{name} ({address})", timeout_s
 
-    def get(self, split: str, step: int, worker: int, num_workers: int):  # type: ignore[no-untyped-def]
+    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(inputs, targets, counted targets of the global batch): the engine's BatchSource."""
         req = pb.BatchRequest(split=split, step=step, worker=worker, num_workers=num_workers)
         it = call(self.peer, "GetBatch", self._get, req, timeout=self.timeout_s)
         t = read_messages(stream(self.peer, "GetBatch", it))[1]
-        return t["inputs"], t["targets"]
+        return t["inputs"], t["targets"], int(t["denom"][0])
 
 
 def build(job: JobSpec) -> WorkerEngine:
@@ -107,7 +108,9 @@ def build(job: JobSpec) -> WorkerEngine:
     model = model_def(params)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     micro, pipelined = plan_memory(params, model, plan.num_csx, budget)
-    return WorkerEngine(model, job.index, plan.num_csx, units, batches, budget, micro, pipelined)
+    return WorkerEngine(
+        model, job.index, plan.num_csx, units, batches, budget, micro, pipelined, seed=rc.seed
+    )
 
 
 def plan_memory(

@@ -169,3 +169,34 @@ def test_the_service_creates_nothing_world_readable(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o007 == 0, f"{path} is open to other users: {oct(path.stat().st_mode)}"
     for path in data.glob("jobs.sqlite*"):
         assert path.stat().st_mode & 0o077 == 0, f"{path}: {oct(path.stat().st_mode)}"
+
+
+def _hdf5_params(**train_input: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(TINY)
+    del raw["eval_input"]
+    raw["train_input"] = {
+        "data_processor": "GptHDF5MapDataProcessor",
+        "batch_size": 8,
+        "max_sequence_length": 16,
+        **train_input,
+    }
+    return raw
+
+
+def test_mixture_dirs_and_hdf5_links_are_confined_too(
+    service: JobService, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A mixture names a data_dir per dataset: each is confined like data_dir, and an .h5 file inside a
+    root that links out is refused (GptHDF5MapDataProcessor reads *.h5)."""
+    a, _ = roots
+    mixture = [{"data_dir": "corpus", "weight": 1}, {"data_dir": str(tmp_path / "secrets"), "weight": 2}]
+    problems = _refusal(service, _hdf5_params(mixture=mixture))
+    assert set(problems) == {"train_input.mixture[1].data_dir"}
+    assert "outside the service's data roots" in problems["train_input.mixture[1].data_dir"].message
+    (tmp_path / "secrets" / "key.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
+    (a / "h5").mkdir()
+    (a / "h5" / "part.h5").symlink_to(tmp_path / "secrets" / "key.h5")
+    problems = _refusal(service, _hdf5_params(data_dir="h5"))
+    assert "link leading outside" in problems["train_input.data_dir"].message
+    problems = _refusal(service, _hdf5_params(mixture=[{"data_dir": "h5"}]))
+    assert "link leading outside" in problems["train_input.mixture[0].data_dir"].message

@@ -88,8 +88,9 @@ class FakeBatches:
             "eval": make_data_processor(PARAMS.eval_input, PARAMS.model, "eval"),  # type: ignore[arg-type]
         }
 
-    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.data[split].shard(step, worker, num_workers)
+    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray, int]:
+        x, y = self.data[split].shard(step, worker, num_workers)
+        return x, y, self.data[split].global_tokens(step)
 
 
 def run_step(index: int = 0, **kw: Any) -> tuple[StepOutcome, FakeUnits]:
@@ -103,7 +104,7 @@ def run_step(index: int = 0, **kw: Any) -> tuple[StepOutcome, FakeUnits]:
 
 def reference(index: int) -> tuple[float, Tensors, int]:
     """(loss, gradients, target tokens) of worker ``index``'s shard, every weight resident."""
-    x, y = FakeBatches().get("train", STEP, index, WORKERS)
+    x, y, _ = FakeBatches().get("train", STEP, index, WORKERS)
     loss, grads = forward_backward(MODEL, WEIGHTS, x, y, y.size * WORKERS)
     return loss, grads, y.size
 
@@ -167,7 +168,7 @@ def test_gradients_go_up_once_per_unit_in_backward_order_one_per_use_of_the_tied
 def budgets() -> list[tuple[int, int]]:
     """(budget, units recomputed): nothing kept; or only the embedding (its input ids and the same ids
     kept for its backward fit exactly), so kept and recomputed units meet in one backward."""
-    ids, _ = FakeBatches().get("train", STEP, 0, WORKERS)
+    ids, _, _ = FakeBatches().get("train", STEP, 0, WORKERS)
     weights = 2 * max(MODEL.unit_bytes(u) for u in range(L))  # the engine counts two units' weights first
     return [(1, L), (weights + 2 * ids.nbytes, L - 1)]
 
@@ -237,7 +238,7 @@ def test_evaluate_equals_forward_loss_over_the_eval_shards(index: int) -> None:
         engine.close()
     want = 0.0
     for b in range(n):
-        x, y = FakeBatches().get("eval", b, index, WORKERS)
+        x, y, _ = FakeBatches().get("eval", b, index, WORKERS)
         want += forward_loss(MODEL, WEIGHTS, x, y, y.size * WORKERS)
     assert got == want  # the same operations in the same order
     assert units.fetches == [(STEP, u, EVAL) for u in range(L)]

@@ -1,0 +1,239 @@
+"""Checks that relate keys of different sections (batch size vs num_csx, sequence length vs positions,
+data processor vs model), each problem carrying the path of the key a user has to change."""
+
+from __future__ import annotations
+
+from weightstream.params.errors import Problem
+from weightstream.params.schema import (
+    FCMLPModelParams,
+    InputParams,
+    LanguageModelParams,
+    LlamaModelParams,
+    OptimizerParams,
+    Params,
+)
+from weightstream.params.size import num_params
+
+__all__ = ["cross_check"]
+
+
+def cross_check(p: Params) -> list[Problem]:
+    """Checks that relate keys of different sections."""
+    problems: list[Problem] = []
+    rc, m = p.runconfig, p.model
+    inputs = [("train_input", p.train_input)] + ([("eval_input", p.eval_input)] if p.eval_input else [])
+    for sec, inp in inputs:
+        if inp.batch_size % rc.num_csx:
+            problems.append(
+                Problem(
+                    f"{sec}.batch_size",
+                    f"must be divisible by runconfig.num_csx={rc.num_csx} "
+                    "(the global batch is split evenly across CS-2 workers)",
+                    inp.batch_size,
+                )
+            )
+        problems += _check_data_source(sec, inp)
+        problems += _check_input_vs_model(sec, inp, m)
+        shard = inp.batch_size // rc.num_csx
+        if inp.micro_batch_size is not None and shard % inp.micro_batch_size:
+            problems.append(
+                Problem(
+                    f"{sec}.micro_batch_size",
+                    f"must divide the per-worker shard of {shard} samples "
+                    f"(batch_size {inp.batch_size} / num_csx {rc.num_csx})",
+                    inp.micro_batch_size,
+                )
+            )
+    if rc.execution_mode == "pipelined" and rc.worker_memory_mb is not None:
+        model_mb = num_params(p.model) * 4 / 2**20  # closed form: builds nothing
+        if model_mb > rc.worker_memory_mb:
+            problems.append(
+                Problem(
+                    "runconfig.execution_mode",
+                    f"pipelined keeps the whole model ({model_mb:.1f} MiB) on each worker, more than "
+                    f"worker_memory_mb={rc.worker_memory_mb}; use weight_streaming or auto",
+                    "pipelined",
+                )
+            )
+    if rc.eval_frequency and p.eval_input is None:
+        problems.append(Problem("runconfig.eval_frequency", "needs an eval_input section", rc.eval_frequency))
+    n_units = (m.num_hidden_layers + 2) if isinstance(m, LanguageModelParams) else (m.depth + 1)
+    if rc.num_wgt_servers > n_units:
+        problems.append(
+            Problem(
+                "runconfig.num_wgt_servers",
+                f"must be at most the model's {n_units} streamable "
+                "units (whole units are assigned to weight servers)",
+                rc.num_wgt_servers,
+            )
+        )
+    if isinstance(m, LanguageModelParams) and m.hidden_size % m.num_heads:
+        problems.append(
+            Problem("model.hidden_size", f"must be divisible by model.num_heads={m.num_heads}", m.hidden_size)
+        )
+    if isinstance(m, LlamaModelParams):
+        problems += _check_llama(m)
+    return problems + _check_optimizer(p.optimizer)
+
+
+def _check_data_source(sec: str, inp: InputParams) -> list[Problem]:
+    """Where the files come from: data_dir, or (GptHDF5MapDataProcessor only) a mixture of directories."""
+    dp = inp.data_processor
+    if inp.mixture is not None and dp != "GptHDF5MapDataProcessor":
+        return [Problem(f"{sec}.mixture", f"applies to GptHDF5MapDataProcessor only, not {dp}")]
+    if inp.mixture is not None and inp.data_dir:
+        return [Problem(f"{sec}.mixture", "and data_dir exclude each other: give one of them")]
+    if dp == "GptHDF5MapDataProcessor" and not inp.data_dir and inp.mixture is None:
+        return [Problem(f"{sec}.data_dir", f"is required by {dp} (or a mixture: [{{data_dir, weight}}])")]
+    if dp in ("TextFileDataProcessor", "TokenFileDataProcessor") and not inp.data_dir:
+        return [Problem(f"{sec}.data_dir", f"is required by {dp}")]
+    return []
+
+
+def _check_llama(m: LlamaModelParams) -> list[Problem]:
+    problems = []
+    if m.use_projection_bias_in_attention != m.use_ffn_bias_in_attention:
+        problems.append(
+            Problem(
+                "model.use_ffn_bias_in_attention",
+                "must equal model.use_projection_bias_in_attention: LlamaForCausalLM's attention_bias "
+                "puts a bias on q, k, v and o alike",
+                m.use_ffn_bias_in_attention,
+            )
+        )
+    if m.attention_module == "aiayn_attention" and m.extra_attention_params is not None:
+        problems.append(
+            Problem(
+                "model.extra_attention_params",
+                "applies to attention_module: multiquery_attention (grouped-query attention)",
+            )
+        )
+    if m.num_heads % m.num_kv_heads:
+        problems.append(
+            Problem(
+                "model.extra_attention_params.num_kv_groups",
+                f"must divide model.num_heads={m.num_heads}",
+                m.num_kv_heads,
+            )
+        )
+    if m.hidden_size % m.num_heads == 0:
+        if m.head_dim % 2:
+            problems.append(
+                Problem(
+                    "model.num_heads",
+                    f"must leave an even head size for rotary embeddings (hidden_size / num_heads = "
+                    f"{m.head_dim})",
+                    m.num_heads,
+                )
+            )
+        if m.rotary_dim is not None and m.rotary_dim != m.head_dim:
+            problems.append(
+                Problem(
+                    "model.rotary_dim",
+                    f"must be the head size {m.head_dim} (hidden_size / num_heads): LlamaForCausalLM rotates "
+                    "whole heads",
+                    m.rotary_dim,
+                )
+            )
+    return problems
+
+
+def _check_input_vs_model(
+    sec: str, inp: InputParams, m: LanguageModelParams | FCMLPModelParams
+) -> list[Problem]:
+    problems = []
+    dp = inp.data_processor
+    if isinstance(m, LanguageModelParams):
+        if dp == "DigitsDataProcessor":
+            problems.append(
+                Problem(
+                    f"{sec}.data_processor",
+                    f"DigitsDataProcessor feeds fc_mlp models; {m.name} takes GptHDF5MapDataProcessor, "
+                    "TextFileDataProcessor, TokenFileDataProcessor or SyntheticDataProcessor",
+                    dp,
+                )
+            )
+        if inp.max_sequence_length is None:
+            problems.append(Problem(f"{sec}.max_sequence_length", f"is required for {m.name}"))
+        elif inp.max_sequence_length > m.max_position_embeddings:
+            problems.append(
+                Problem(
+                    f"{sec}.max_sequence_length",
+                    f"must be at most model.max_position_embeddings={m.max_position_embeddings}",
+                    inp.max_sequence_length,
+                )
+            )
+        if dp == "TextFileDataProcessor" and m.vocab_size < 256:
+            problems.append(
+                Problem(
+                    "model.vocab_size",
+                    "must be at least 256 for TextFileDataProcessor (byte-level tokens)",
+                    m.vocab_size,
+                )
+            )
+    else:
+        if dp in ("TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor"):
+            problems.append(
+                Problem(
+                    f"{sec}.data_processor",
+                    f"{dp} feeds language models (gpt2, llama); fc_mlp takes DigitsDataProcessor or "
+                    "SyntheticDataProcessor",
+                    dp,
+                )
+            )
+        if dp == "DigitsDataProcessor" and (m.input_size != 64 or m.num_classes < 10):
+            problems.append(
+                Problem(
+                    "model.input_size",
+                    "DigitsDataProcessor gives 64 features (8x8 images) and "
+                    "10 classes: set input_size: 64 and num_classes: 10",
+                    m.input_size,
+                )
+            )
+        if inp.max_sequence_length is not None:
+            problems.append(
+                Problem(
+                    f"{sec}.max_sequence_length",
+                    "applies to language models (gpt2, llama) only",
+                    inp.max_sequence_length,
+                )
+            )
+    return problems
+
+
+def _check_optimizer(o: OptimizerParams) -> list[Problem]:
+    problems = []
+    if o.optimizer_type != "sgd":
+        for key in ("momentum", "nesterov"):
+            if getattr(o, key):
+                problems.append(
+                    Problem(
+                        f"optimizer.{key}",
+                        f"applies to optimizer_type sgd only, not {o.optimizer_type}",
+                        getattr(o, key),
+                    )
+                )
+    elif o.nesterov and o.momentum == 0:
+        problems.append(Problem("optimizer.nesterov", "needs optimizer.momentum > 0", True))
+    for i, piece in enumerate(o.learning_rate):
+        at = f"optimizer.learning_rate[{i}]"
+        last = i == len(o.learning_rate) - 1
+        if piece.scheduler == "Constant":
+            if piece.learning_rate is None and piece.initial_learning_rate is None:
+                problems.append(Problem(f"{at}.learning_rate", "is required by the Constant scheduler"))
+            if piece.total_iters is None and not last:
+                problems.append(Problem(f"{at}.total_iters", "is required for every piece but the last"))
+        else:
+            for key in ("initial_learning_rate", "end_learning_rate", "total_iters"):
+                if getattr(piece, key) is None:
+                    problems.append(Problem(f"{at}.{key}", f"is required by the {piece.scheduler} scheduler"))
+            if piece.learning_rate is not None:
+                problems.append(
+                    Problem(
+                        f"{at}.learning_rate",
+                        f"applies to Constant pieces; {piece.scheduler} "
+                        "takes initial_learning_rate and end_learning_rate",
+                        piece.learning_rate,
+                    )
+                )
+    return problems

@@ -1,0 +1,601 @@
+"""``tokenizer-train`` and ``data-preprocess``: a byte-level BPE trained here, and a corpus of .txt, .jsonl
+and .jsonl.gz written here (paragraphs of the README and of our docstrings; nothing downloaded) turned into
+ModelZoo-layout HDF5. The token stream is checked against the tokenizer run document by document, the
+packing against its definition, and every refusal for the file and line it names and for leaving nothing
+behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+import typer
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from typer.testing import CliRunner
+
+from weightstream.data import preprocess as pp
+from weightstream.data.cli import data_preprocess, tokenizer_train
+from weightstream.data.documents import DataPreprocessError, Document
+from weightstream.data.tokenizer import EOS_TOKEN, load_tokenizer, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+VOCAB = 700
+MSL = 64
+EOT_DOC = f"A document may mention {EOS_TOKEN} in its text; that is text, not the end."
+UNICODE_DOC = "Naïve café résumé: 東京とカフェ, emoji 🚀 and ß, written by hand."
+
+
+def _paragraphs() -> list[str]:
+    """Real English prose: the README's paragraphs and our modules' docstrings."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")
+    paras = [p.strip() for p in readme if len(p.strip()) > 120 and not p.lstrip().startswith(("```", "|"))]
+    for name in ("weightstream", "weightstream.data.processors", "weightstream.simulate", "weightstream.cli"):
+        paras.append(importlib.import_module(name).__doc__.strip())
+    return paras
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], list[str]]:
+    """The corpus directory, its documents in the order preprocessing must read them, and where each is
+    (file:line)."""
+    paras = _paragraphs()
+    assert len(paras) > 60
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "a_note.txt").write_text(UNICODE_DOC, encoding="utf-8")  # short: its largest id is not the largest
+    (d / "b_intro.txt").write_text(text := "\n\n".join(paras[:5]), encoding="utf-8")
+    records = [{"text": p, "id": i} for i, p in enumerate(paras[5:35])] + [{"text": ""}]  # empty: skipped
+    (d / "c_records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
+    with gzip.open(d / "d_more.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": p}) + "\n" for p in paras[35:])
+    (d / "sub").mkdir()
+    (d / "sub" / "e_deep.txt").write_text(paras[0], encoding="utf-8")
+    (d / "x_eot.txt").write_text(EOT_DOC, encoding="utf-8")
+    (d / "README.md").write_text("not a corpus file: ignored")
+    (d / "empty.txt").write_text("")  # no document
+    docs = [UNICODE_DOC, text, *paras[5:35], *paras[35:], paras[0], EOT_DOC]
+    where = ["a_note.txt:1", "b_intro.txt:1"]
+    where += [f"c_records.jsonl:{i}" for i in range(1, 31)] + [
+        f"d_more.jsonl.gz:{i}" for i in range(1, 1 + len(paras[35:]))
+    ]
+    where += ["sub/e_deep.txt:1", "x_eot.txt:1"]
+    return d, docs, where
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus: tuple[Path, list[str], list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    result = train_tokenizer([corpus[0]], VOCAB, out)
+    assert result.path == out and result.documents == len(corpus[1]) and result.files == 7
+    return out
+
+
+def _expected_stream(tokenizer: Path, docs: list[str]) -> np.ndarray:
+    """The reference: each document encoded on its own, the end-of-document id after it."""
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.encode_special_tokens = True
+    eos = tok.token_to_id(EOS_TOKEN)
+    return np.array([i for d in docs for i in [*tok.encode(d, add_special_tokens=False).ids, eos]])
+
+
+def _read(out: Path) -> np.ndarray:
+    """Every sample of an output directory, files in name order, checking ModelZoo's layout."""
+    blocks = []
+    names = sorted(p.name for p in out.glob("*.h5"))
+    for i, name in enumerate(names):
+        assert name == f"data-{i:05d}.h5"
+        with h5py.File(out / name, "r") as f:
+            data = f["data"]
+            assert data.dtype == np.int32 and data.ndim == 3 and data.shape[1:] == (3, MSL)
+            assert data.chunks == (1, 3, MSL) and data.compression == "gzip"
+            assert f.attrs["n_examples"] == data.shape[0]
+            blocks.append(data[()])
+    return np.concatenate(blocks)
+
+
+def _stream_of(data: np.ndarray) -> np.ndarray:
+    """The token stream samples [n, 3, T] were cut from: every input that has a label, then the last label."""
+    x, mask, y = data[:, 0], data[:, 1], data[:, 2]
+    return np.concatenate([x[mask == 1], y[-1][mask[-1] == 1][-1:]])
+
+
+def _tokenizer_processes() -> list[psutil.Process]:
+    """Our child processes, but for multiprocessing's resource tracker (it lives as long as we do)."""
+    return [c for c in psutil.Process().children() if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tokenizer
+# ---------------------------------------------------------------------------------------------------------
+def test_trained_tokenizer_round_trips_and_loads_in_transformers(
+    tokenizer: Path, corpus: tuple[Path, list[str], list[str]]
+) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    assert tok.get_vocab_size() == VOCAB
+    assert tok.token_to_id(EOS_TOKEN) == 0
+    unseen = "Zebras quizzically jog: ¿qué? ✓ 한국어 ∑∫ 🎉 \t\n  trailing  "  # bytes never in the corpus
+    for text in [*corpus[1], unseen]:
+        assert tok.decode(tok.encode(text).ids, skip_special_tokens=False) == text
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
+    assert len(fast) == VOCAB
+    assert fast.encode(corpus[1][2]) == tok.encode(corpus[1][2]).ids
+    assert fast.convert_tokens_to_ids(EOS_TOKEN) == 0
+    assert oct(tokenizer.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # not mkstemp's 0600
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("vocab", [257, 400])
+def test_vocab_size_is_respected(
+    vocab: int, corpus: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    result = train_tokenizer([corpus[0]], vocab, tmp_path)  # a directory: tokenizer.json inside
+    assert result.path == tmp_path / "tokenizer.json"
+    assert result.vocab_size == vocab == Tokenizer.from_file(str(result.path)).get_vocab_size()
+
+
+def test_training_is_deterministic(corpus: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    a = train_tokenizer([corpus[0]], 500, tmp_path / "a.json").path.read_bytes()
+    assert a == train_tokenizer([corpus[0]], 500, tmp_path / "b.json").path.read_bytes()
+
+
+def test_vocab_size_below_the_byte_alphabet_is_refused(
+    corpus: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    with pytest.raises(DataPreprocessError, match=r"vocab_size 256: expected at least 257"):
+        train_tokenizer([corpus[0]], 256, tmp_path / "t.json")
+    with pytest.raises(
+        DataPreprocessError, match=r"README.md: not a corpus file \(.txt, .jsonl, .jsonl.gz\)"
+    ):
+        train_tokenizer([corpus[0] / "README.md"], 300, tmp_path / "t.json")
+    with pytest.raises(DataPreprocessError, match=r"nope: no such file or directory"):
+        train_tokenizer([tmp_path / "nope"], 300, tmp_path / "t.json")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "typo"}\n')
+    with pytest.raises(DataPreprocessError, match=r"bad.jsonl:2: no key 'text'"):
+        train_tokenizer([tmp_path / "bad.jsonl"], 300, tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+def _tiny_tokenizer(path: Path, specials: list[str]) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_tokens(["hello", "world"])
+    tok.add_special_tokens(specials)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    return path / "tokenizer.json"
+
+
+def test_load_tokenizer_finds_the_end_of_document_token(tmp_path: Path) -> None:
+    llama = _tiny_tokenizer(tmp_path / "llama", ["<s>", "</s>", "<pad>", "<eos>"])
+    t = load_tokenizer(llama.parent)  # a model directory works too; "</s>" comes before "<eos>"
+    assert (t.eos_token, t.eos_id, t.pad_token, t.pad_id, t.vocab_size) == ("</s>", 3, "</s>", 3, 6)
+    (llama.parent / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<s>", "pad_token": "<pad>"})
+    )
+    t = load_tokenizer(llama)
+    assert (t.eos_token, t.eos_id, t.pad_token, t.pad_id) == ("<s>", 2, "<pad>", 4)
+    t = load_tokenizer(llama, eos_token="<pad>")  # the explicit choice wins over the config
+    assert (t.eos_token, t.eos_id) == ("<pad>", 4)
+    with pytest.raises(
+        DataPreprocessError, match=r"tokenizer.json: the end-of-document token '<eot>' is not"
+    ):
+        load_tokenizer(llama, eos_token="<eot>")
+    bare = _tiny_tokenizer(tmp_path / "bare", ["<unk>"])
+    with pytest.raises(DataPreprocessError, match=re.escape(f"{bare}: no end-of-document token: none of <|")):
+        load_tokenizer(bare)
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(DataPreprocessError, match=r"junk.json: not a Hugging Face tokenizer.json"):
+        load_tokenizer(tmp_path / "junk.json")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [1, 2, 5, 9, 10, 11, 12, 40, 41, 42, 57])
+def test_pack_windows_of_T_plus_1_at_stride_T_and_pads_the_rest(length: int) -> None:
+    T, pad = 8, 99
+    stream = np.arange(100, 100 + length, dtype=np.int32)
+    out = pp.pack(stream, T, pad)
+    n_full, rest = (length - 1) // T, length - ((length - 1) // T) * T
+    assert out.shape == (n_full + (rest >= 2), 3, T) and out.dtype == np.int32
+    for k in range(n_full):
+        np.testing.assert_array_equal(out[k, 0], stream[k * T : k * T + T])
+        np.testing.assert_array_equal(out[k, 2], stream[k * T + 1 : k * T + T + 1])
+        assert (out[k, 1] == 1).all()
+    if rest >= 2:
+        r = rest - 1
+        np.testing.assert_array_equal(out[-1, 0], [*stream[n_full * T : n_full * T + r], *[pad] * (T - r)])
+        np.testing.assert_array_equal(out[-1, 2], [*stream[n_full * T + 1 :], *[pad] * (T - r)])
+        np.testing.assert_array_equal(out[-1, 1], [1] * r + [0] * (T - r))
+
+
+def test_packing_does_not_depend_on_how_the_stream_arrives(rng: np.random.Generator) -> None:
+    stream = rng.integers(0, 500, size=1000).astype(np.int32)
+    packer = pp.Packer(16, 0)
+    cuts = np.sort(rng.choice(np.arange(1, 1000), size=40, replace=False))
+    pieces = [packer.push(part) for part in np.split(stream, cuts)]
+    np.testing.assert_array_equal(np.concatenate([*pieces, packer.finish()]), pp.pack(stream, 16, 0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Preprocessing
+# ---------------------------------------------------------------------------------------------------------
+def test_preprocess_writes_modelzoo_hdf5_of_the_packed_stream(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    seen: list[pp.PreprocessProgress] = []
+    s = pp.preprocess(
+        corpus[0], tokenizer, MSL, out, num_processes=1, samples_per_file=50, progress=seen.append
+    )
+    expected = _expected_stream(tokenizer, corpus[1])
+    data = _read(out)  # [n, 3, T]
+    x, mask, y = data[:, 0], data[:, 1], data[:, 2]
+    assert (data < VOCAB).all() and (data >= 0).all()
+    # the documents, in sorted file order, each followed by <|endoftext|> = 0, and nothing else
+    np.testing.assert_array_equal(_stream_of(data), expected)
+    assert np.count_nonzero(expected == 0) == len(corpus[1])  # the literal "<|endoftext|>" stayed text
+    # labels are the inputs shifted by one, across sample (and file) boundaries too
+    np.testing.assert_array_equal(y[:, :-1][mask[:, 1:] == 1], x[:, 1:][mask[:, 1:] == 1])
+    np.testing.assert_array_equal(y[:-1, -1], x[1:, 0])
+    # the mask is 0 exactly on the padding at the end (where input and label are the pad id)
+    real = len(expected) - 1  # positions with a label: all but the stream's last token
+    np.testing.assert_array_equal(mask.ravel(), np.arange(mask.size) < real)
+    assert (x.ravel()[real:] == s.pad_id).all() and (y.ravel()[real:] == s.pad_id).all() and s.pad_id == 0
+    assert len(data) == s.samples == -(-real // MSL)
+    assert s.files == [f"data-{i:05d}.h5" for i in range((s.samples + 49) // 50)] and len(s.files) > 2
+    assert (s.documents, s.tokens, s.input_files, s.ignored_files) == (len(corpus[1]), len(expected), 7, 1)
+    with h5py.File(out / "data-00000.h5") as f:
+        attrs = {k: int(f.attrs[k]) for k in ("n_examples", "vocab_size", "max_sequence_length", "eos_id")}
+        assert attrs == {"n_examples": 50, "vocab_size": VOCAB, "max_sequence_length": MSL, "eos_id": 0}
+        assert int(f.attrs["pad_id"]) == 0
+    params = json.loads((out / "data_params.json").read_text())
+    assert params["setup"] == {
+        "mode": "pretraining", "input_dir": str(corpus[0]), "output_dir": str(out), "processes": 1,
+    }  # fmt: skip
+    ours = params["weightstream"]
+    assert (ours["documents"], ours["tokens"], ours["samples"], ours["files"]) == (
+        len(corpus[1]), len(expected), s.samples, s.files,
+    )  # fmt: skip
+    assert ours["options"]["input"] == str(corpus[0]) and ours["options"]["max_sequence_length"] == MSL
+    assert params["post-process"]["n_examples"] == s.samples and params["processing"]["vocab_size"] == VOCAB
+    assert params["h5_dataset_stats"]["loss_valid_tokens"] == len(expected) - 1
+    assert params["processing"]["huggingface_tokenizer"] == str(tokenizer)
+    assert [p.files_done for p in seen][-1] == 7 and seen[-1].documents == len(corpus[1])
+    assert _leftovers(tmp_path) == []
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())  # not mkdtemp's 0700
+
+
+def test_a_models_tokenizer_with_a_bos_template_and_its_own_eos(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    """Llama-style: encode() would add <s>; the config names </s> the end of a document."""
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.add_special_tokens(["<s>", "</s>"])  # ids 700, 701
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", VOCAB)])
+    model = tmp_path / "model"
+    model.mkdir()
+    tok.save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "pad_token": None}))
+    s = pp.preprocess(corpus[0], model, MSL, tmp_path / "out", num_processes=1)
+    assert (s.eos_id, s.pad_id, s.vocab_size) == (VOCAB + 1, VOCAB + 1, VOCAB + 2)
+    tok.encode_special_tokens = True
+    expected = [i for d in corpus[1] for i in [*tok.encode(d, add_special_tokens=False).ids, VOCAB + 1]]
+    np.testing.assert_array_equal(_stream_of(_read(tmp_path / "out")), expected)  # no <s> anywhere
+
+
+def test_output_is_deterministic_and_independent_of_the_process_count(
+    corpus: tuple[Path, list[str], list[str]],
+    tokenizer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pp, "BATCH_CHARS", 3000)  # ~30 tokenizing tasks: results must be taken in order
+    runs = {
+        name: _read(pp.preprocess(corpus[0], tokenizer, MSL, tmp_path / name, num_processes=p).output_dir)
+        for name, p in (("one", 1), ("again", 1), ("two", 2), ("default", None))
+    }
+    assert runs["one"].tobytes() == runs["again"].tobytes() == runs["two"].tobytes()
+    assert runs["default"].tobytes() == runs["one"].tobytes()
+    setup = json.loads((tmp_path / "default" / "data_params.json").read_text())["setup"]
+    assert setup["processes"] == len(os.sched_getaffinity(0))  # the cores we may use, not the machine's
+
+
+def test_the_corpus_is_never_read_far_ahead_of_what_is_written(tokenizer: Path) -> None:
+    consumed = 0
+
+    def batches() -> Iterator[list[Document]]:
+        nonlocal consumed
+        for i in range(12):
+            consumed += 1
+            yield [Document(f"document number {i}", Path("x.txt"), i + 1)]
+
+    tokenizer_json = Tokenizer.from_file(str(tokenizer)).to_str()
+    for processes in (1, 2):
+        consumed = 0
+        for k, (batch, stream, _) in enumerate(pp._encoded(batches(), tokenizer_json, 7, processes)):
+            # in flight: nothing beyond the batch at hand in this process, two tasks per pool process
+            assert consumed == (k + 1 if processes == 1 else min(12, k + 2 * processes))
+            assert batch[0].line == k + 1 and stream[-1] == 7 and 7 not in stream[:-1]
+
+
+def test_the_gpt_hdf5_processor_reads_the_output(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    hdf5 = pytest.importorskip("weightstream.data.hdf5", reason="the GptHDF5MapDataProcessor reader")
+    from weightstream.params.schema import InputParams
+
+    out = pp.preprocess(corpus[0], tokenizer, MSL, tmp_path / "out", num_processes=1, samples_per_file=64)
+    data = _read(out.output_dir)  # [n, 3, T]
+    inp = InputParams(
+        data_processor="GptHDF5MapDataProcessor",
+        data_dir=str(out.output_dir),
+        batch_size=4,
+        max_sequence_length=MSL,
+        shuffle=False,
+    )
+    reader = hdf5.GptHDF5MapDataProcessor(inp, VOCAB, 0)
+    assert reader.num_samples == len(data)
+    rows = np.array([0, 63, 64, len(data) - 1])  # across a file boundary, and the padded last sample
+    inputs, targets = reader.samples(rows)
+    np.testing.assert_array_equal(inputs, data[rows, 0])
+    np.testing.assert_array_equal(targets, np.where(data[rows, 1] == 1, data[rows, 2], -1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Refusals: each names the file and line, and leaves no output behind
+# ---------------------------------------------------------------------------------------------------------
+BAD_CASES = {  # name: (files of the corpus, what the error must say)
+    "not json": (
+        {"ok.jsonl": '{"text": "fine"}\n{"text": "fine"}\n{"text": broken\n'},
+        r"ok.jsonl:3: not JSON",
+    ),
+    "no key": (
+        {"a.jsonl": '{"text": "x"}\n{"body": "x", "id": 2}\n'},
+        r"a.jsonl:2: no key 'text' \(keys: 'body', 'id'\); choose the key with --jsonl_key",
+    ),
+    "not a string": ({"a.jsonl": '{"text": 42}\n'}, r"a.jsonl:1: 'text' is a JSON int, expected a string"),
+    "not an object": ({"a.jsonl": '["text"]\n'}, r"a.jsonl:1: a JSON list, expected an object"),
+    "binary .txt": (
+        {"bin.txt": b"ok line\nbad \xff\xfe here"},
+        r"bin.txt:2: not UTF-8 text: byte 0xff at byte offset 12",
+    ),
+    "binary .jsonl.gz": (
+        {"z.jsonl.gz": b'{"text": "a"}\n{"text": "\xc3("}\n'},
+        r"z.jsonl.gz:2: not UTF-8 text: byte 0xc3 at byte offset 24",
+    ),
+    "bad gzip": ({"z.jsonl.gz": b"this is not gzip"}, r"z.jsonl.gz: cannot read: "),
+    "empty dir": ({}, r"in: no corpus files: the directory is empty"),
+    "no supported files": (
+        {"a.md": "x", "b.json": "{}"},
+        r"in: no corpus files: none of its 2 files is .txt, .jsonl, .jsonl.gz",
+    ),
+    "only empty documents": (
+        {"a.txt": "", "b.jsonl": '{"text": ""}\n'},
+        r"in: no documents: its 2 corpus files hold no text",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_is_refused_naming_file_and_line(case: str, tokenizer: Path, tmp_path: Path) -> None:
+    files, message = BAD_CASES[case]
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    for name, content in files.items():
+        if name.endswith(".gz") and case != "bad gzip":
+            content = gzip.compress(content)
+        (corpus / name).write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(DataPreprocessError, match=message) as e:
+        pp.preprocess(corpus, tokenizer, MSL, tmp_path / "out", num_processes=1)
+    assert isinstance(e.value, ValueError)
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_bad_options_are_refused(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(DataPreprocessError, match=r"max_sequence_length 1: expected at least 2"):
+        pp.preprocess(corpus[0], tokenizer, 1, tmp_path / "out")
+    with pytest.raises(DataPreprocessError, match=r"nothere: not a directory"):
+        pp.preprocess(tmp_path / "nothere", tokenizer, MSL, tmp_path / "out")
+    with pytest.raises(DataPreprocessError, match=r"nothere.json: no such tokenizer file"):
+        pp.preprocess(corpus[0], tmp_path / "nothere.json", MSL, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_token_id_beyond_the_vocabulary_is_refused(
+    corpus: tuple[Path, list[str], list[str]],
+    tokenizer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a vocabulary that covers the first documents: the first one with a larger id is named
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.encode_special_tokens = True
+    ids = [tok.encode(d).ids for d in corpus[1]]
+    top = max(ids[0])
+    first = next(k for k, x in enumerate(ids) if max(x) > top)
+    bad = next(i for i in ids[first] if i > top)  # the first id of the stream above every id before it
+    assert first > 0
+    small = dataclasses.replace(load_tokenizer(tokenizer), vocab_size=bad)  # so it is exactly the size
+    monkeypatch.setattr(pp, "load_tokenizer", lambda *a, **k: small)
+    message = f"{corpus[2][first]}: token id {bad} is out of range for the tokenizer's vocab size {bad}"
+    with pytest.raises(DataPreprocessError, match=re.escape(message)):
+        pp.preprocess(corpus[0], tokenizer, MSL, tmp_path / "out", num_processes=1)
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_run_leaves_nothing_that_looks_complete(
+    corpus: tuple[Path, list[str], list[str]],
+    tokenizer: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a bad line in the last file, after several .h5 files were already written
+    bad = tmp_path / "in"
+    bad.mkdir()
+    for p in corpus[0].glob("*.jsonl*"):
+        (bad / p.name).write_bytes(p.read_bytes())
+    (bad / "z_last.jsonl").write_text('{"text": "fine"}\n{"txt": "typo"}\n')
+    monkeypatch.setattr(pp, "BATCH_CHARS", 2000)
+    written: list[int] = []
+
+    def watch(p: pp.PreprocessProgress) -> None:
+        written.append(len(list(tmp_path.glob(".out.tmp-*/data-*.h5"))))
+
+    with pytest.raises(DataPreprocessError, match=r"z_last.jsonl:2: no key 'text'"):
+        pp.preprocess(
+            bad, tokenizer, MSL, tmp_path / "out", num_processes=2, samples_per_file=10, progress=watch
+        )
+    assert max(written) >= 3  # files were written before the error: all of them are gone
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+    assert _tokenizer_processes() == []  # and so are the tokenizer processes
+
+    # Ctrl-C (or any exception) from the caller mid-way: the same
+    def interrupt(p: pp.PreprocessProgress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as held:  # a caller holding the traceback (and its frames)
+        pp.preprocess(corpus[0], tokenizer, MSL, tmp_path / "out", num_processes=2, progress=interrupt)
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+    assert _tokenizer_processes() == [] and held.traceback  # stopped, not left to the garbage collector
+
+
+def test_a_killed_run_leaves_only_a_hidden_unfinished_directory(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    script = f"""
+import os, signal
+from pathlib import Path
+from weightstream.data import preprocess as pp
+pp.BATCH_CHARS = 2000
+def progress(p):
+    if list(Path({str(tmp_path)!r}).glob(".out.tmp-*/data-00001.h5")):
+        os.kill(os.getpid(), signal.SIGKILL)
+pp.preprocess(Path({str(corpus[0])!r}), Path({str(tokenizer)!r}), {MSL}, Path({str(tmp_path / "out")!r}),
+              num_processes=1, samples_per_file=10, progress=progress)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not (tmp_path / "out").exists()
+    (left,) = [tmp_path / n for n in _leftovers(tmp_path)]
+    assert left.name.startswith(".out.tmp-") and not (left / "data_params.json").exists()
+
+
+def test_the_output_directory_is_replaced_only_with_overwrite(
+    corpus: tuple[Path, list[str], list[str]], tokenizer: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()  # an empty directory is fine
+    pp.preprocess(corpus[0], tokenizer, MSL, out, num_processes=1)
+    (out / "data-00099.h5").write_bytes(b"stale")
+    with pytest.raises(
+        DataPreprocessError, match=r"out: the output directory is not empty; pass --overwrite"
+    ):
+        pp.preprocess(corpus[0], tokenizer, MSL, out, num_processes=1)
+    assert (out / "data-00099.h5").exists()
+    pp.preprocess(corpus[0], tokenizer, MSL, out, num_processes=1, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["data-00000.h5", "data_params.json"]
+    (out / "notes.txt").write_text("mine")  # not ours to delete
+    with pytest.raises(DataPreprocessError, match=r"holds files other than .h5 and data_params.json"):
+        pp.preprocess(corpus[0], tokenizer, MSL, out, num_processes=1, overwrite=True)
+    assert (out / "notes.txt").exists() and _leftovers(tmp_path) == []
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataPreprocessError, match=r"afile: exists and is not a directory"):
+        pp.preprocess(corpus[0], tokenizer, MSL, tmp_path / "afile", num_processes=1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The commands
+# ---------------------------------------------------------------------------------------------------------
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("tokenizer-train")(tokenizer_train)
+    app.command("data-preprocess")(data_preprocess)
+    return app
+
+
+def test_commands_train_preprocess_and_refuse_with_exit_2(
+    corpus: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    runner, app = CliRunner(), _app()
+    tok = tmp_path / "tok" / "tokenizer.json"
+    r = runner.invoke(
+        app, ["tokenizer-train", "--input", str(corpus[0]), "--vocab_size", "300", "--output", str(tok)]
+    )
+    assert r.exit_code == 0, r.output
+    assert (
+        f"tokenizer {tok}: 300 tokens, <|endoftext|> = 0, trained on {len(corpus[1])} documents" in r.output
+    )
+    args = [
+        "data-preprocess",
+        "--input",
+        str(corpus[0]),
+        "--tokenizer",
+        str(tok),
+        "--max_sequence_length",
+        "32",
+    ]
+    r = runner.invoke(app, [*args, "--output", str(tmp_path / "out"), "--num_processes", "1"])
+    assert r.exit_code == 0, r.output
+    summary = r.stdout.replace("\n", " ")
+    assert f"samples of 32 tokens in 1 file, from {len(corpus[1])} documents in 7 files (" in summary
+    assert summary.rstrip().endswith("vocab_size 300, eos_id 0, pad_id 0; ignored 1 file of other kinds")
+    assert (tmp_path / "out" / "data-00000.h5").is_file()
+    r = runner.invoke(app, [*args, "--output", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "error: " in r.stderr and "pass --overwrite" in r.stderr
+    r = runner.invoke(app, [*args, "--output", str(tmp_path / "out2"), "--jsonl_key", "body"])
+    assert r.exit_code == 2 and "c_records.jsonl:1: no key 'body'" in r.stderr
+    r = runner.invoke(
+        app, ["tokenizer-train", "--input", str(corpus[0]), "--vocab_size", "9", "--output", str(tok)]
+    )
+    assert r.exit_code == 2 and "vocab_size 9: expected at least 257" in r.stderr
+    r = runner.invoke(app, ["data-preprocess", "--input", str(corpus[0])])  # required options missing
+    assert r.exit_code == 2 and "--tokenizer" in r.output
+
+
+def test_commands_run_out_of_process_with_a_process_pool(
+    corpus: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    register = (
+        "import typer; from weightstream.data.cli import tokenizer_train, data_preprocess; "
+        "app = typer.Typer(); app.command('tokenizer-train')(tokenizer_train); "
+        "app.command('data-preprocess')(data_preprocess); app()"
+    )
+    tok, out = tmp_path / "tokenizer.json", tmp_path / "out"
+    cmd = [sys.executable, "-c", register]
+    train = [*cmd, "tokenizer-train", "--input", str(corpus[0]), "--vocab_size", "300", "--output", str(tok)]
+    r = subprocess.run(train, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "300 tokens" in r.stdout, r.stderr
+    args = ["--input", str(corpus[0]), "--tokenizer", str(tok), "--max_sequence_length", "32"]
+    run = [*cmd, "data-preprocess", *args, "--output", str(out), "--num_processes", "2"]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "tokens/s" in r.stdout, r.stderr
+    assert json.loads((out / "data_params.json").read_text())["setup"]["processes"] == 2
+    r = subprocess.run([*run[:-4], "--max_sequence_length", "1", "--output", str(tmp_path / "o2")],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "error: max_sequence_length 1: expected at least 2" in r.stderr
