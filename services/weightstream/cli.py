@@ -15,6 +15,7 @@ from weightstream import serve_options as limit
 from weightstream.data import DataError
 from weightstream.data.cli import data_preprocess, tokenizer_train
 from weightstream.params import Params, ParamsError, load_params, model_def
+from weightstream.role_cli import add_role_commands
 from weightstream.simulate.cli import simulate
 
 app = typer.Typer(
@@ -301,97 +302,10 @@ def plan_command(
         )
 
 
-@app.command()
-def health(
-    address: Annotated[
-        str,
-        typer.Option(
-            # role pods set the variable to $(POD_IP):50051: a role listens on its pod's IP only, and
-            # Kubernetes does not expand $(VAR) in a probe's command
-            envvar="WEIGHTSTREAM_ROLE_ADDRESS",
-            help="a role's gRPC address",
-        ),
-    ] = "127.0.0.1:50051",
-    timeout: Annotated[float, typer.Option(help="seconds")] = 3.0,
-) -> None:
-    """Ask a role for its health over gRPC (exit 0 if it answers): the probe of role pods and containers."""
-    import grpc
-
-    from weightstream.proto import weightstream_pb2 as pb
-    from weightstream.proto import weightstream_pb2_grpc as rpc
-
-    try:
-        with grpc.insecure_channel(address) as channel:
-            reply = rpc.ControlStub(channel).Health(pb.Empty(), timeout=timeout)
-    except grpc.RpcError as e:
-        err.print(f"unhealthy: {address}: {e.code().name}")
-        raise typer.Exit(1) from None
-    if not reply.role:  # asked without the job's credential: the role says only that it serves
-        out.print(f"serving: {address}")
-        return
-    out.print(f"{reply.role} pid {reply.pid} {'configured' if reply.configured else 'waiting for its job'}")
-
-
-def _role_command(kind: str, what: str) -> None:
-    def command(
-        host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="port; 0 picks a free one")] = 50051,
-        ready_file: Annotated[
-            Path | None, typer.Option(help="write {address, pid} here once listening")
-        ] = None,
-        parent_pid: Annotated[
-            int | None, typer.Option(help="exit when this process is no longer the parent")
-        ] = None,
-        token_file: Annotated[
-            str,
-            typer.Option(
-                "--token-file",
-                help="file holding the job's role credential (- reads it from standard input)",
-                show_default=False,
-            ),
-        ] = "",
-    ) -> None:
-        import importlib
-        import logging
-
-        from weightstream.role import serve_role
-        from weightstream.transport.auth import read_token
-
-        if not token_file:
-            err.print(
-                "[red]error:[/red] --token-file is required: a role serves only callers with the job's token"
-            )
-            raise typer.Exit(2)
-        try:
-            token = read_token(token_file)
-        except (OSError, ValueError) as e:
-            err.print(f"[red]error:[/red] --token-file: {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
-        service = importlib.import_module(f"weightstream.{kind}.service")
-        serve_role(
-            kind,
-            service.build,
-            service.add_servicer,
-            host,
-            port,
-            ready_file,
-            parent_pid,
-            token=token,
-            reconfigure=getattr(service, "reconfigure", None),
-        )
-
-    command.__doc__ = f"Run a {what} (configured by the coordinator over gRPC)."
-    app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)
-
-
 app.command()(simulate)  # the scaling model: weightstream/simulate/
 app.command("tokenizer-train")(tokenizer_train)  # the data pipeline: weightstream/data/
 app.command("data-preprocess")(data_preprocess)
-_role_command("memoryx", "MemoryX weight server shard")
-_role_command("swarmx", "SwarmX broadcast/reduce node")
-_role_command("worker", "CS-2 worker")
-_role_command("activation", "activation server")
+add_role_commands(app)  # health and the four roles: weightstream/role_cli.py
 
 
 if __name__ == "__main__":  # pragma: no cover
