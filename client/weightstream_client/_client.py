@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import yaml
+
+from weightstream_client._config import resolve_settings
+from weightstream_client._progress import ProgressBar
 
 __all__ = ["ApiError", "Client", "Job", "JobFailedError"]
 
@@ -89,12 +94,12 @@ class Client:
     """A weightstream service. ``url`` and ``token`` default to WEIGHTSTREAM_URL and WEIGHTSTREAM_TOKEN."""
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
-        self.url = (url or os.environ.get("WEIGHTSTREAM_URL") or "http://127.0.0.1:8080").rstrip("/")
-        token = token or os.environ.get("WEIGHTSTREAM_TOKEN")
-        if not token:
+        settings = resolve_settings(url, token)
+        if not settings.token:
             raise ValueError("no API token: pass token=... or set WEIGHTSTREAM_TOKEN")
+        self.url = settings.url
         self._http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+            base_url=self.url, headers={"Authorization": f"Bearer {settings.token}"}, timeout=timeout_s
         )
 
     def close(self) -> None:
@@ -112,13 +117,7 @@ class Client:
         except httpx.HTTPError as e:
             raise ApiError(0, "unreachable", f"cannot reach {self.url}: {e}") from e
         if r.status_code >= 400:
-            try:
-                err = r.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                err = {"code": "http_error", "message": r.text[:500] or r.reason_phrase}
-            raise ApiError(
-                r.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
-            )
+            raise _api_error(r)
         return r
 
     def submit(
@@ -149,40 +148,92 @@ class Client:
         return job
 
 
+def _api_error(r: httpx.Response) -> ApiError:
+    """The service's error answer (``{"error": {"code", "message", "details"?}}``) as an ApiError; any
+    other answer (a proxy's page) by its status and text."""
+    try:
+        err = r.json()["error"]
+        code, message, details = err.get("code", "error"), err.get("message", ""), err.get("details")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message, details = "http_error", r.text[:500] or r.reason_phrase, None
+    return ApiError(r.status_code, code, message, details)
+
+
 class Job:
     """A handle on one job of a service."""
 
     def __init__(self, client: Client, job_id: str) -> None:
         self.client, self.id = client, job_id
+        self._path = f"/v1/jobs/{quote(job_id, safe='')}"  # an id is one path segment, whatever it holds
 
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
 
     def info(self) -> dict[str, Any]:
-        return self.client.request("GET", f"/v1/jobs/{self.id}").json()
+        return self.client.request("GET", self._path).json()
 
     def status(self) -> str:
         return self.info()["status"]
 
     def metrics(self) -> dict[str, list[dict[str, Any]]]:
-        return self.client.request("GET", f"/v1/jobs/{self.id}/metrics").json()
+        return self.client.request("GET", f"{self._path}/metrics").json()
 
     def logs(self, tail: int | None = None) -> str:
-        return self.client.request(
-            "GET", f"/v1/jobs/{self.id}/logs", params={"tail": tail} if tail else {}
-        ).text
+        return self.client.request("GET", f"{self._path}/logs", params={"tail": tail} if tail else {}).text
 
     def cancel(self) -> dict[str, Any]:
-        return self.client.request("DELETE", f"/v1/jobs/{self.id}").json()
+        return self.client.request("DELETE", self._path).json()
+
+    def set_labels(
+        self, labels: Mapping[str, str] | None = None, remove: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """Set ``labels`` and remove the keys ``remove`` (one the job lacks is no error), whatever the job's
+        status; returns the job as it is then. ApiError 422 beyond the service's label limits."""
+        body = {"set": dict(labels or {}), "remove": list(remove)}
+        return self.client.request("PATCH", f"{self._path}/labels", json=body).json()
+
+    def set_priority(self, priority: int) -> dict[str, Any]:
+        """1, 2 or 3 (1 runs first): a queued job takes its new place in the queue at once. Returns the job;
+        ApiError 409 if it has finished."""
+        return self.client.request("PUT", f"{self._path}/priority", json={"priority": priority}).json()
+
+    def export_logs(self, path: str | Path) -> Path:
+        """The job's logs as one tar.gz (run.log, every role's log, params.yaml, metrics.jsonl, under
+        ``<id>/``) written to ``path`` (or ``<id>-logs.tar.gz`` in it, if it is a directory); returns the
+        file's path. Written to a temporary file beside it and renamed when complete: ``path`` is never
+        left half-written, and an earlier file there stays whole until the new one replaces it."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / _plain_file_name(f"{self.id}-logs.tar.gz")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                try:
+                    with self.client._http.stream("GET", f"{self._path}/logs/export") as r:
+                        if r.status_code >= 400:
+                            r.read()
+                            raise _api_error(r)
+                        for chunk in r.iter_bytes(1 << 20):
+                            fh.write(chunk)
+                except httpx.HTTPError as e:
+                    raise ApiError(0, "unreachable", f"log export from {self.client.url} failed: {e}") from e
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return path
 
     def checkpoints(self) -> list[dict[str, Any]]:
-        return self.client.request("GET", f"/v1/jobs/{self.id}/checkpoints").json()["checkpoints"]
+        return self.client.request("GET", f"{self._path}/checkpoints").json()["checkpoints"]
 
     def events(self, after: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
         """Server-sent events as dicts ``{"seq", "kind", **data}``; with ``follow`` until the job ends.
         A ``{"kind": "keepalive"}`` comes at least every few seconds while nothing happens."""
         params = {"after": after, "follow": follow}
-        with self.client._http.stream("GET", f"/v1/jobs/{self.id}/events", params=params, timeout=None) as r:
+        with self.client._http.stream("GET", f"{self._path}/events", params=params, timeout=None) as r:
             if r.status_code >= 400:
                 r.read()
                 raise ApiError(r.status_code, "http_error", r.text[:500])
@@ -210,7 +261,7 @@ class Job:
         """Follow the job until it ends; show a progress bar (rich) unless ``progress=False``.
         Returns the final record; raises JobFailedError if it failed or was cancelled."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        bar = _ProgressBar(self.id) if progress else None
+        bar = ProgressBar(self.id) if progress else None
         try:
             for e in self.events():
                 if on_event and e["kind"] != "keepalive":
@@ -247,7 +298,7 @@ class Job:
         out.mkdir(parents=True, exist_ok=True)
         for name, size in files:
             tmp = out / (name + ".partial")
-            url = f"/v1/jobs/{quote(self.id, safe='')}/checkpoints/{step_}/files/{quote(name, safe='')}"
+            url = f"{self._path}/checkpoints/{step_}/files/{quote(name, safe='')}"
             with self.client._http.stream("GET", url, timeout=None) as r, open(tmp, "wb") as fh:
                 if r.status_code >= 400:
                     raise ApiError(r.status_code, "http_error", f"download of {name} failed")
@@ -283,55 +334,3 @@ def _checked_listing(job_id: str, cp: dict[str, Any]) -> tuple[int, list[tuple[s
             raise ApiError(0, "bad_listing", bad)
         checked.append((str(name), size))
     return step, checked
-
-
-def _recovery_line(e: dict[str, Any]) -> str | None:
-    """A fault-recovery event as one line for a person, or None for any other event:
-    ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
-    failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
-    ``step 20  recovered in 0.4s (replaying 5 steps)`` (``step``: the step every shard holds now)."""
-    kind = e.get("kind")
-    if kind == "restart":
-        budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
-        return f"step {e.get('step')}  restart {budget}: {e.get('reason', e.get('role', ''))}"
-    if kind == "retry":
-        return f"step {e.get('step')}  retry: {e.get('reason', '')}"
-    if kind == "recovered":
-        n = e.get("replay_steps", 0)
-        took = e.get("recovery_s")
-        took_s = f"{took:.1f}s" if isinstance(took, int | float) else "?"
-        return f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'})"
-    return None
-
-
-class _ProgressBar:
-    def __init__(self, job_id: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.p = Progress(
-            TextColumn(f"[bold]{job_id}"),
-            TextColumn("{task.fields[status]}"),
-            MofNCompleteColumn(),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-        )
-        self.task = self.p.add_task("job", total=None, status="", info="")
-        self.p.start()
-
-    def update(self, e: dict[str, Any]) -> None:
-        if e.get("kind") == "status":
-            self.p.update(self.task, status=e.get("status", ""))
-        elif e.get("kind") == "step":
-            info = f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
-            self.p.update(
-                self.task, total=e.get("max_steps"), completed=e["step"], status="running", info=info
-            )
-        elif e.get("kind") == "eval":
-            self.p.console.print(f"step {e['step']}: eval_loss {e['eval_loss']:.4f}")
-        elif (line := _recovery_line(e)) is not None:
-            # printed above the bar, plain: a reason holds paths and brackets that are no rich markup
-            self.p.console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-
-    def close(self) -> None:
-        self.p.stop()

@@ -1,46 +1,26 @@
-"""``wsctl``: submit and follow jobs on a weightstream service (WEIGHTSTREAM_URL, WEIGHTSTREAM_TOKEN)."""
+"""``wsctl``: submit and follow jobs on a weightstream service (WEIGHTSTREAM_URL, WEIGHTSTREAM_TOKEN).
+
+The verbs of Cerebras' csctl are here too (``get jobs``, ``get job``, ``cancel job``, ``label job``,
+``job set-priority``, ``log-export``, ``config view``, ``dashboard``): see ``_verbs``.
+"""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from weightstream_client._client import ApiError, Client, JobFailedError, load_params
+from weightstream_client._client import ApiError, JobFailedError, load_params
+from weightstream_client._common import JobId, Url, connect, err, fail, out, parse_labels
+from weightstream_client._verbs import register
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-out, err = Console(), Console(stderr=True)
-Url = Annotated[str | None, typer.Option("--url", envvar="WEIGHTSTREAM_URL", help="service URL")]
-JobId = Annotated[str, typer.Argument(help="job id")]
+__all__ = ["app", "main"]
 
-
-def _client(url: str | None) -> Client:
-    try:
-        return Client(url)
-    except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
-
-
-def _fail(e: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-    return typer.Exit(2 if isinstance(e, ApiError) and e.status in (400, 401, 404, 409, 413, 422) else 1)
-
-
-def _labels(items: list[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"{item!r} is not key=value", param_hint="--label")
-        labels[key] = value
-    return labels
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
 
 
 @app.command()
@@ -53,20 +33,20 @@ def submit(
     url: Url = None,
 ) -> None:
     """Submit a job; prints its id (and follows it with --follow)."""
-    client = _client(url)
+    client = connect(url)
     try:
         body = load_params(params)
     except ValueError as e:  # a YAML syntax error: where it is, on one line, not a traceback
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     try:
-        job = client.submit(body, num_csx=num_csx, labels=_labels(label or []), priority=priority)
+        job = client.submit(body, num_csx=num_csx, labels=parse_labels(label or []), priority=priority)
         out.print(job.id)
         if follow:
             info = job.wait(progress=True)
             out.print(f"{job.id} {info['status']}")
     except (ApiError, JobFailedError) as e:
-        raise _fail(e) from None
+        raise fail(e) from None
 
 
 @app.command()
@@ -79,24 +59,15 @@ def jobs(
 ) -> None:
     """List jobs."""
     try:
-        rows = _client(url).jobs(status, _labels(label or []))
+        rows = connect(url).jobs(status, parse_labels(label or []))
     except ApiError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     table = Table("id", "status", "num_csx", "priority", "labels", "submitted")
     for j in rows:
         labels = ",".join(f"{k}={v}" for k, v in j["labels"].items())
         submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created_at"]))
         table.add_row(j["id"], j["status"], str(j["num_csx"]), str(j["priority"]), labels, submitted)
     out.print(table)
-
-
-@app.command()
-def get(job_id: JobId, url: Url = None) -> None:
-    """Show a job as JSON (status history, error, resolved params)."""
-    try:
-        print(json.dumps(_client(url).job(job_id).info(), indent=2))
-    except ApiError as e:
-        raise _fail(e) from None
 
 
 @app.command()
@@ -109,7 +80,7 @@ def logs(
 ) -> None:
     """Print a job's log."""
     try:
-        job = _client(url).job(job_id)
+        job = connect(url).job(job_id)
         printed = 0
         while True:
             lines = job.logs().splitlines()
@@ -120,17 +91,7 @@ def logs(
                 break
             time.sleep(1.0)
     except ApiError as e:
-        raise _fail(e) from None
-
-
-@app.command()
-def cancel(job_id: JobId, url: Url = None) -> None:
-    """Cancel a queued or running job."""
-    try:
-        info = _client(url).job(job_id).cancel()
-        out.print(f"{job_id} {info['status']}")
-    except ApiError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
 
 
 @app.command()
@@ -142,10 +103,13 @@ def download(
 ) -> None:
     """Download a checkpoint of a job."""
     try:
-        path = _client(url).job(job_id).download(directory, step)
+        path = connect(url).job(job_id).download(directory, step)
         out.print(str(path))
     except ApiError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
+
+
+register(app)  # get, cancel, label, job, log-export, config, dashboard
 
 
 def main() -> None:

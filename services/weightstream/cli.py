@@ -17,6 +17,7 @@ from weightstream.data.cli import data_preprocess, tokenizer_train
 from weightstream.params import Params, ParamsError, load_params, model_def
 from weightstream.role_cli import add_role_commands
 from weightstream.simulate.cli import simulate
+from weightstream.training.plot import plot
 
 app = typer.Typer(
     help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
@@ -154,6 +155,7 @@ def serve(
     max_queued_jobs: limit.MaxQueuedJobs = limit.DEFAULTS.max_queued_jobs,
     max_job_seconds: limit.MaxJobSeconds = limit.DEFAULTS.max_job_seconds or 0,
     keep_checkpoint_max: limit.KeepCheckpointMax = limit.DEFAULTS.keep_checkpoint_max or 0,
+    user_name: limit.UserName = "",
 ) -> None:
     """Run the coordinator as a service: the REST API over a persistent job queue (local processes).
     SIGTERM stops it: running jobs go back to the queue and resume from their last checkpoint after a
@@ -201,7 +203,8 @@ def serve(
             overhead_mib=overhead_mib,
             data_roots=tuple(map(str, roots)),
         )
-        service = JobService(ServiceConfig(data_dir.resolve(), slots, backend, cluster, roots, limits))
+        config = ServiceConfig(data_dir.resolve(), slots, backend, cluster, roots, limits, user_name)
+        service = JobService(config)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
@@ -303,6 +306,7 @@ def plan_command(
 
 
 app.command()(simulate)  # the scaling model: weightstream/simulate/
+app.command()(plot)  # loss curves of runs from their metrics.jsonl: weightstream/training/plot.py
 app.command("tokenizer-train")(tokenizer_train)  # the data pipeline: weightstream/data/
 app.command("data-preprocess")(data_preprocess)
 add_role_commands(app)  # health and the four roles: weightstream/role_cli.py

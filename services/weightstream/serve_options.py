@@ -1,7 +1,8 @@
-"""The options of `weightstream serve` that bound what the service accepts: its data roots and limits.
+"""The options of `weightstream serve` that bound what the service accepts (its data roots and limits), and
+the user name it records on each job.
 
 Kept apart from ``cli.py`` so that the command's signature stays one line per option; the defaults and
-their meaning live in ``jobs.limits.ServiceLimits``.
+their meaning live in ``jobs.limits.ServiceLimits`` and ``jobs.config.ServiceConfig``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "MaxStepsLimit",
     "MaxTokensPerStep",
     "MaxWorkers",
+    "UserName",
     "service_limits",
 ]
 
@@ -90,6 +92,17 @@ KeepCheckpointMax = Annotated[
         min=0,
         help="checkpoints a job keeps when its params set no runconfig.keep_checkpoint_max; 0: all",
         rich_help_panel=_PANEL,
+    ),
+]
+
+
+UserName = Annotated[
+    str,
+    typer.Option(
+        "--user-name",
+        help="the USER recorded on each submitted job: the service has one token, hence one user; "
+        "default: the OS user running the service",
+        show_default=False,
     ),
 ]
 

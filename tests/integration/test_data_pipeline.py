@@ -6,9 +6,9 @@ transformers with the tokenizer, generating text."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import numpy as np
 import pytest
@@ -27,21 +27,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _corpus(tmp: Path) -> tuple[Path, Path, Path]:
-    """README.md and the repository's other docs as documents: its sections as .txt files (train), the
-    same text's paragraphs as .jsonl records (train too), the last sections held out (eval)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    sections = [s for s in re.split(r"\n(?=## )", text) if len(s) > 200]
+    """The Python documentation's topics that ship with Python (English that does not change from one
+    commit of ours to the next): 30 topics as .txt files (train), the same text's paragraphs as .jsonl
+    records (train too), the next 5 held out (eval)."""
+    names = sorted(topics)
     train_txt, train_jsonl, held = tmp / "corpus" / "txt", tmp / "corpus" / "jsonl", tmp / "corpus" / "eval"
     for d in (train_txt, train_jsonl, held):
         d.mkdir(parents=True)
-    for i, s in enumerate(sections[:-3]):
-        (train_txt / f"{i:03d}.txt").write_text(s, encoding="utf-8")
-    paragraphs = [p for s in sections[:-3] for p in s.split("\n\n") if p.strip()]
+    for i, name in enumerate(names[:30]):
+        (train_txt / f"{i:03d}.txt").write_text(topics[name], encoding="utf-8")
+    paragraphs = [p for name in names[:30] for p in topics[name].split("\n\n") if p.strip()]
     with (train_jsonl / "paragraphs.jsonl").open("w", encoding="utf-8") as f:
         for p in paragraphs:
             f.write(json.dumps({"id": len(p), "content": p}) + "\n")
-    for i, s in enumerate(sections[-3:]):
-        (held / f"{i:03d}.txt").write_text(s, encoding="utf-8")
+    for i, name in enumerate(names[30:35]):
+        (held / f"{i:03d}.txt").write_text(topics[name], encoding="utf-8")
     return train_txt, train_jsonl, held
 
 

@@ -2,8 +2,10 @@
 
 - ``store``: every accepted job and its events, in SQLite; ``notify``: the feed that wakes followers when
   the store changes (no polling, no thread per stream).
-- ``service``: the behaviour (validate and enqueue, schedule by priority over free slots, cancel, recover
-  after a restart, requeue on shutdown, answer what a job did); no HTTP or gRPC in it.
+- ``service``: the behaviour (validate and enqueue, schedule by priority over free slots, cancel, relabel
+  and reprioritise, recover after a restart, requeue on shutdown, answer what a job did); no HTTP or gRPC
+  in it. ``config``: what `serve` was told (``ServiceConfig``, the user name jobs are recorded with).
+- ``log_export``: a job's logs as one bounded tar.gz, streamed, read only from its own directory.
 - ``limits`` and ``data_roots``: what a job submitted to the service may ask for and read (the one
   validation path of REST and gRPC).
 - ``api/``: the REST API (FastAPI), a router per resource; ``grpc_api``: the same service over grpc.aio.

@@ -16,7 +16,7 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
@@ -26,7 +26,7 @@ import grpc.aio
 from weightstream.jobs.api.views import JobView
 from weightstream.jobs.notify import follow
 from weightstream.jobs.service import CapacityError, JobService, QueueFull
-from weightstream.jobs.store import IllegalTransition, UnknownJob, event_json
+from weightstream.jobs.store import IllegalTransition, Job, JobFinished, UnknownJob, event_json
 from weightstream.params import ParamsError
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
@@ -108,6 +108,34 @@ class CoordinatorServicer(rpc.CoordinatorServicer):
         except IllegalTransition as e:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.JobReply(job_json=await self._job(request.job_id, context))
+
+    async def SetJobLabels(
+        self, request: pb.SetJobLabelsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.JobReply:
+        await self._authorize(context)
+        change = functools.partial(
+            self.service.set_labels, request.job_id, dict(request.set), list(request.remove)
+        )
+        return pb.JobReply(job_json=await self._change(change, context))
+
+    async def SetJobPriority(
+        self, request: pb.SetJobPriorityRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.JobReply:
+        await self._authorize(context)
+        change = functools.partial(self.service.set_priority, request.job_id, request.priority)
+        return pb.JobReply(job_json=await self._change(change, context))
+
+    async def _change(self, change: Callable[[], Job], context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """Run a change of a job off the loop; the job as JSON, or the service's refusal as a status."""
+        try:
+            job = await asyncio.to_thread(change)
+        except UnknownJob as e:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
+        except JobFinished as e:
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ParamsError as e:  # names every bad key
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return JobView.of(job).model_dump_json()
 
     async def WatchJob(
         self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -26,7 +26,10 @@ __all__ = [
     "MAX_LABEL_LENGTH",
     "PRIORITIES",
     "ServiceLimits",
+    "apply_label_change",
+    "check_labels",
     "check_params",
+    "check_priority",
     "check_request",
     "with_service_defaults",
 ]
@@ -88,24 +91,59 @@ def check_request(
         problems.append(
             _over("num_csx", "too many CS-2 workers", num_csx, limits.max_workers, "--max-workers")
         )
+    return [*problems, *check_priority(priority), *check_labels(labels)]
+
+
+def check_priority(priority: Any) -> list[Problem]:
+    """A job's priority, at submission or changed later."""
     if not _is_int(priority) or priority not in PRIORITIES:
-        problems.append(Problem("priority", "must be 1, 2 or 3 (1 runs first)", priority))
+        return [Problem("priority", "must be 1, 2 or 3 (1 runs first)", priority)]
+    return []
+
+
+def check_labels(labels: Any, path: str = "labels") -> list[Problem]:
+    """A job's labels, or labels to set on it (``path`` names them in the problems): how many, and the
+    length of each key and value."""
     if not isinstance(labels, Mapping):
-        return [*problems, Problem("labels", "must be a mapping of strings to strings", labels)]
+        return [Problem(path, "must be a mapping of strings to strings", labels)]
+    problems = []
     if len(labels) > MAX_LABELS:
-        problems.append(Problem("labels", f"at most {MAX_LABELS} labels are allowed", len(labels)))
+        problems.append(Problem(path, f"at most {MAX_LABELS} labels are allowed", len(labels)))
     for key, value in labels.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            problems.append(Problem(f"labels.{key}", "keys and values must be strings", value))
+            problems.append(Problem(f"{path}.{key}", "keys and values must be strings", value))
         elif not 0 < len(key) <= MAX_LABEL_LENGTH or len(value) > MAX_LABEL_LENGTH:
             problems.append(
                 Problem(
-                    f"labels.{key[:MAX_LABEL_LENGTH]}",
+                    f"{path}.{key[:MAX_LABEL_LENGTH]}",
                     f"keys must have 1 to {MAX_LABEL_LENGTH} characters and values at most "
                     f"{MAX_LABEL_LENGTH}",
                 )
             )
     return problems
+
+
+def apply_label_change(
+    labels: Mapping[str, str], set_: Any, remove: Any
+) -> tuple[dict[str, str], list[Problem]]:
+    """``labels`` with the keys of ``set_`` set and those of ``remove`` removed (a key it lacks is no
+    error), and the problems of the change: the rules of a submission, on what is set and on the result."""
+    problems = check_labels(set_, "set")
+    if not isinstance(remove, list | tuple) or not all(isinstance(k, str) for k in remove):
+        problems.append(Problem("remove", "must be a list of label keys", remove))
+    if problems:
+        return dict(labels), problems
+    both = sorted(set(set_) & set(remove))
+    if both:
+        problems.append(Problem("remove", "a key cannot be both set and removed", both))
+    merged = {k: v for k, v in labels.items() if k not in remove} | dict(set_)
+    if len(merged) > MAX_LABELS:
+        problems.append(
+            Problem(
+                "set", f"a job has at most {MAX_LABELS} labels; with this change it would have {len(merged)}"
+            )
+        )
+    return merged, problems
 
 
 def with_service_defaults(params: Mapping[str, Any], limits: ServiceLimits) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 No HTTP here (``api/`` and ``grpc_api`` translate); this is the behaviour: validate and enqueue, run jobs
 in priority order when enough slots are free, cancel, recover after a restart, and answer what a job did.
 ``submit`` is the one validation path of both APIs: whatever their own schemas let through, every bound
-(``limits``) and the data roots (``data_roots``) are checked here.
+(``limits``) and the data roots (``data_roots``) are checked here; so are label and priority changes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -25,8 +24,17 @@ from weightstream.backends.kubernetes import INSTALL_HINT, client_available
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.checkpoint_layout import complete_checkpoints, servable_file
-from weightstream.jobs.data_roots import check_data, confine_data, default_data_root, resolve_data_roots
-from weightstream.jobs.limits import ServiceLimits, check_params, check_request, with_service_defaults
+from weightstream.jobs.config import ServiceConfig, default_user_name
+from weightstream.jobs.data_roots import check_data, confine_data, default_data_root
+from weightstream.jobs.limits import (
+    ServiceLimits,
+    apply_label_change,
+    check_params,
+    check_priority,
+    check_request,
+    with_service_defaults,
+)
+from weightstream.jobs.log_export import job_log_archive
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
 from weightstream.params import Params, ParamsError, load_params
 from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
@@ -39,6 +47,7 @@ __all__ = [
     "RunnerFactory",
     "ServiceConfig",
     "ServiceLimits",
+    "default_user_name",
 ]
 
 log = logging.getLogger("weightstream.service")
@@ -54,20 +63,6 @@ class CapacityError(ValueError):
 class QueueFull(RuntimeError):
     """The service already holds as many queued jobs as it may: try again later (REST 429, gRPC
     RESOURCE_EXHAUSTED)."""
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    data_dir: Path
-    slots: int  # CS-2 the service may run at once, over all jobs
-    backend: str = "local"  # local: processes on this machine; kubernetes: pods in cluster.namespace
-    cluster: ClusterConfig | None = None
-    # where submitted jobs may read data; () means <data_dir>/datasets. Resolved (real paths) on creation
-    data_roots: tuple[Path, ...] = ()
-    limits: ServiceLimits = field(default_factory=ServiceLimits)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "data_roots", resolve_data_roots(self.data_roots, self.data_dir))
 
 
 class Runner(Protocol):
@@ -109,6 +104,7 @@ class JobService:
         self._stopping: set[str] = set()  # jobs stopped by shutdown: requeued, not failed
         self._lock = threading.Lock()
         self._submit_lock = threading.Lock()  # counting the queue and adding to it are one step
+        self._labels_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = threading.Event()  # set first thing by stop(): no more submissions or starts
         self._stop_lock = threading.Lock()
@@ -149,9 +145,34 @@ class JobService:
                     "(serve --max-queued-jobs): submit again once some have started"
                 )
             job = self.store.create(
-                job_id, parsed.model_dump(mode="json"), num_csx, dict(labels), priority, model_dir
+                job_id,
+                parsed.model_dump(mode="json"),
+                num_csx,
+                dict(labels),
+                priority,
+                model_dir,
+                self.config.user_name,
             )
         self._wake.set()
+        return job
+
+    def set_labels(self, job_id: str, set_: Mapping[str, str], remove: Sequence[str] = ()) -> Job:
+        """Set the labels ``set_`` and remove the keys ``remove`` (one it lacks is no error) on a job of any
+        status, within the limits of a submission. Raises UnknownJob, or ParamsError naming each problem."""
+        with self._labels_lock:  # read, merge and write as one step: two changes at once both count
+            merged, problems = apply_label_change(self.store.get(job_id).labels, set_, remove)
+            if problems:
+                raise ParamsError(problems, "label change")
+            return self.store.set_labels(job_id, merged)
+
+    def set_priority(self, job_id: str, priority: int) -> Job:
+        """Change the priority of a queued or running job: a queued one takes its new place in the queue
+        at once. Raises UnknownJob, ParamsError (not 1, 2 or 3) or JobFinished."""
+        problems = check_priority(priority)
+        if problems:
+            raise ParamsError(problems, "priority")
+        job = self.store.set_priority(job_id, priority)
+        self._wake.set()  # it may now head the queue, and fit in the slots that are free
         return job
 
     def cancel(self, job_id: str) -> Job:
@@ -222,7 +243,8 @@ class JobService:
     def _job_runner(self, job: Job, params: Params, on_event: EventSink) -> Runner:
         backend = self._backend(job.id, params, Path(job.model_dir) / "logs")
         limit = self.config.limits.max_job_seconds
-        return JobRunner(params, backend, on_event, job.id, time_limit_s=limit, time_used_s=_time_used(job))
+        used = job.running_seconds()  # over its earlier runs: a restart requeues a job
+        return JobRunner(params, backend, on_event, job.id, time_limit_s=limit, time_used_s=used)
 
     def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
         if self.config.backend == "kubernetes":
@@ -360,16 +382,13 @@ class JobService:
         except OSError as e:  # not servable, gone since the check (retention), or replaced by a link
             raise KeyError(f"job {job_id} has no checkpoint file {name!r} at step {step}") from e
 
+    def export_logs(self, job_id: str) -> Iterator[bytes]:
+        """The job's logs as a tar.gz, in chunks (``log_export``: plain files of its own directory only,
+        bounded). FileNotFoundError if the job has not started yet: it has no directory, hence no logs."""
+        model_dir = Path(self.store.get(job_id).model_dir)
+        if not model_dir.is_dir() or model_dir.is_symlink():
+            raise FileNotFoundError(f"job {job_id} has no logs yet: it has not started")
+        return job_log_archive(job_id, model_dir)
+
     def is_terminal(self, job_id: str) -> bool:
         return self.store.get(job_id).status in TERMINAL
-
-
-def _time_used(job: Job) -> float:
-    """Seconds ``job`` has spent running so far, over every run (a service restart requeues it)."""
-    used, since = 0.0, None
-    for h in job.history:
-        if h["status"] == "running":
-            since = h["at"]
-        elif since is not None:
-            used, since = used + h["at"] - since, None
-    return used

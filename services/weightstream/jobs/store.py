@@ -1,9 +1,10 @@
 """The job store: every job the service has accepted, in SQLite, written through transactions.
 
-A job's record holds its resolved params, num_csx, labels, priority, status history with timestamps, the
-error if any and its model_dir; its events (status changes, logged steps, evals, checkpoints) are kept
-in order so that clients can follow a job from any point. A restarted service finds every job it had.
-Every commit is published on ``feed`` (``notify.JobFeed``), which is what followers wait on.
+A job's record holds its resolved params, num_csx, labels, priority, who submitted it, status history
+with timestamps, the error if any and its model_dir; its events (status changes, logged steps, evals,
+checkpoints) are kept in order so that clients can follow a job from any point. A restarted service finds
+every job it had. Every commit is published on ``feed`` (``notify.JobFeed``), which is what followers
+wait on.
 
 Event data is strict JSON: a non-finite float (a diverged loss) is stored as null, and one found in a
 row written before that rule is read back as null, so neither API can send ``NaN`` or ``Infinity``.
@@ -29,6 +30,7 @@ __all__ = [
     "TRANSITIONS",
     "IllegalTransition",
     "Job",
+    "JobFinished",
     "JobStore",
     "UnknownJob",
     "event_json",
@@ -58,7 +60,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at REAL NOT NULL,
     error TEXT,
     model_dir TEXT NOT NULL,
-    history TEXT NOT NULL
+    history TEXT NOT NULL,
+    user_name TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (status, priority, created_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -90,6 +93,14 @@ class IllegalTransition(ValueError):
         self.current, self.wanted = current, wanted
 
 
+class JobFinished(ValueError):
+    """A change that only a queued or running job takes (its priority), asked of a finished one."""
+
+    def __init__(self, job_id: str, status: str, what: str) -> None:
+        super().__init__(f"job {job_id} has finished ({status}): its {what} can no longer change")
+        self.status = status
+
+
 @dataclass(frozen=True)
 class Job:
     id: str
@@ -103,6 +114,20 @@ class Job:
     error: str | None
     model_dir: str
     history: list[dict[str, Any]]  # [{"status", "at", "reason"?}]
+    user: str = ""  # who submitted it; "" for a job stored before the service recorded that
+
+    def running_seconds(self, now: float | None = None) -> float:
+        """Seconds spent running, over every run (a service restart requeues a job). With ``now``, a run
+        still under way counts up to ``now``; without, only runs that have ended count."""
+        used, since = 0.0, None
+        for h in self.history:
+            if h["status"] == "running":
+                since = h["at"]
+            elif since is not None:
+                used, since = used + h["at"] - since, None
+        if since is not None and now is not None:
+            used += max(0.0, now - since)
+        return used
 
 
 class JobStore:
@@ -114,6 +139,9 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a committed job survives a crash of the machine
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "user_name" not in columns:  # a store written before jobs recorded who submitted them
+            self._db.execute("ALTER TABLE jobs ADD COLUMN user_name TEXT NOT NULL DEFAULT ''")
         self._lock = threading.RLock()
         self.feed = JobFeed()  # published after every commit, for followers of a job
 
@@ -143,12 +171,14 @@ class JobStore:
         labels: dict[str, str],
         priority: int,
         model_dir: Path,
+        user: str = "",
     ) -> Job:
         now = time.time()
         history = [{"status": "queued", "at": now}]
         with self._tx(job_id) as db:
             db.execute(
-                "INSERT INTO jobs VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                "INSERT INTO jobs (id, status, params, num_csx, labels, priority, created_at, updated_at, "
+                "error, model_dir, history, user_name) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
                 (
                     job_id,
                     json.dumps(params),
@@ -159,6 +189,7 @@ class JobStore:
                     now,
                     str(model_dir),
                     json.dumps(history),
+                    user,
                 ),
             )
             self._event(db, job_id, "status", {"status": "queued"})
@@ -191,6 +222,32 @@ class JobStore:
                 "SELECT * FROM jobs WHERE status = 'queued' ORDER BY priority, created_at"
             ).fetchall()
         return [_job(r) for r in rows]
+
+    def set_labels(self, job_id: str, labels: dict[str, str]) -> Job:
+        """Replace a job's labels (any status: labels describe, they change nothing of the run)."""
+        with self._tx(job_id) as db:
+            updated = db.execute(
+                "UPDATE jobs SET labels = ?, updated_at = ? WHERE id = ?",
+                (json.dumps(labels), time.time(), job_id),
+            ).rowcount
+        if not updated:
+            raise UnknownJob(job_id)
+        return self.get(job_id)
+
+    def set_priority(self, job_id: str, priority: int) -> Job:
+        """Set the priority of a queued or running job (a running one keeps it if it is requeued); a
+        finished job raises JobFinished. Checked and written in one transaction: a job that ends
+        meanwhile is never changed."""
+        with self._tx(job_id) as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJob(job_id)
+            if row[0] in TERMINAL:
+                raise JobFinished(job_id, row[0], "priority")
+            db.execute(
+                "UPDATE jobs SET priority = ?, updated_at = ? WHERE id = ?", (priority, time.time(), job_id)
+            )
+        return self.get(job_id)
 
     def transition(
         self, job_id: str, status: str, reason: str | None = None, error: str | None = None
@@ -301,7 +358,9 @@ def _row_event(row: tuple[Any, ...]) -> Event:
 
 
 def _job(row: tuple[Any, ...]) -> Job:
-    (job_id, status, params, num_csx, labels, priority, created, updated, error, model_dir, history) = row
+    (job_id, status, params, num_csx, labels, priority, created, updated, error, model_dir, history, user) = (
+        row
+    )
     return Job(
         job_id,
         status,
@@ -314,4 +373,5 @@ def _job(row: tuple[Any, ...]) -> Job:
         error,
         model_dir,
         json.loads(history),
+        user,
     )

@@ -268,3 +268,28 @@ class JobEvent(_message.Message):
     kind: str
     data_json: str
     def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
+
+class SetJobLabelsRequest(_message.Message):
+    __slots__ = ("job_id", "set", "remove")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    set: _containers.ScalarMap[str, str]
+    remove: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., remove: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetJobPriorityRequest(_message.Message):
+    __slots__ = ("job_id", "priority")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    priority: int
+    def __init__(self, job_id: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...

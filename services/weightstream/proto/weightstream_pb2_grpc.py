@@ -769,6 +769,16 @@ class CoordinatorStub:
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.SetJobLabels = channel.unary_unary(
+                '/weightstream.v1.Coordinator/SetJobLabels',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.SetJobLabelsRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+                _registered_method=True)
+        self.SetJobPriority = channel.unary_unary(
+                '/weightstream.v1.Coordinator/SetJobPriority',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.SetJobPriorityRequest.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -805,6 +815,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetJobLabels(self, request, context):
+        """any status; the job as it is then
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetJobPriority(self, request, context):
+        """queued or running jobs only
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -832,6 +856,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.FromString,
                     response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobEvent.SerializeToString,
+            ),
+            'SetJobLabels': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobLabels,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.SetJobLabelsRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.SerializeToString,
+            ),
+            'SetJobPriority': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobPriority,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.SetJobPriorityRequest.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.JobReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -969,6 +1003,60 @@ class Coordinator:
             '/weightstream.v1.Coordinator/WatchJob',
             weightstream_dot_proto_dot_weightstream__pb2.WatchJobRequest.SerializeToString,
             weightstream_dot_proto_dot_weightstream__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobLabels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/SetJobLabels',
+            weightstream_dot_proto_dot_weightstream__pb2.SetJobLabelsRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobPriority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.Coordinator/SetJobPriority',
+            weightstream_dot_proto_dot_weightstream__pb2.SetJobPriorityRequest.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.JobReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,7 @@ from weightstream.training.divergence import check_finite
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
+from weightstream.training.tensorboard import RunEvents
 from weightstream.transport.auth import new_role_token
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -212,7 +213,11 @@ class JobRunner:
         self.last_loss = self.eval_loss = None
         self.checkpoint: Path | None = None
         self.tokens_total, self.t_train = 0, time.monotonic()
-        with (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as self.metrics:
+        batch = self.params.train_input.batch_size
+        with (
+            (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as self.metrics,
+            RunEvents(self.model_dir, start_step, batch, self.cadence.has_eval) as self.events,
+        ):
             while self.at < self.done or self._post or self.done < rc.max_steps:
                 if self._cancelled.is_set():
                     raise JobCancelled(f"cancelled before step {self.done + 1}")
@@ -252,8 +257,10 @@ class JobRunner:
         record["tokens_per_second"] = self.tokens_total / (time.monotonic() - self.t_train)
         self._emit("step", **record, max_steps=self.rc.max_steps)
         if self.cadence.log(done):
+            record.update(self.events.rates(done))
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
+            self.events.log_step(record)
             self.log.info(
                 "step %d loss %.5f lr %.3g |g| %.4f",
                 done,
@@ -288,6 +295,7 @@ class JobRunner:
             self.eval_loss = self._evaluate(done)
             self.metrics.write(json.dumps({"step": done, "eval_loss": self.eval_loss}) + "\n")
             self.metrics.flush()
+            self.events.log_eval(done, self.eval_loss)
         elif action == "checkpoint":
             self.checkpoint = self._save(done, snapshot=False)
             if not self.rc.checkpoint_optimizer_state:

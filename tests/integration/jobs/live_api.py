@@ -1,10 +1,11 @@
 """The REST app served for real on loopback, for tests of its edge and fuzzing.
 
-``LiveApi`` serves ``create_app`` with uvicorn in a thread, over a real ``JobService`` in a temporary
-directory whose runners are ``CheckpointingRunner``: each job "trains" at once, writing what a real run
-leaves behind (a log, metrics, one complete checkpoint), so every route has something true to answer
-with and no role process starts. ``ServeProcess`` runs `weightstream serve` itself, for tests that
-measure the server process.
+``LiveApi`` serves ``create_app`` with uvicorn in a thread (and, if asked, the gRPC API beside it), over
+a real ``JobService`` in a temporary directory whose runners are ``CheckpointingRunner``: each job
+"trains" at once, writing what a real run leaves behind (a log, metrics, one complete checkpoint), so
+every route has something true to answer with and no role process starts. Tests that decide when jobs
+start and end pass runners of their own (``tests.unit.jobs.test_scheduler.Fleet``). ``ServeProcess``
+runs `weightstream serve` itself, for tests that measure the server process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import uvicorn
 from tests.integration.appliance import TINY, weightstream_cmd
 from weightstream.checkpoint_layout import TRAINER_STATE, checkpoint_dir
 from weightstream.jobs.api import create_app
-from weightstream.jobs.service import JobService, ServiceConfig
+from weightstream.jobs.grpc_api import CoordinatorServer, serve_grpc
+from weightstream.jobs.service import JobService, RunnerFactory, ServiceConfig
 from weightstream.jobs.store import Job
 from weightstream.params import Params
 from weightstream.training.runner import RunSummary
@@ -109,23 +111,39 @@ class ThreadedServer:
 
 
 class LiveApi:
-    """``create_app`` over a ``JobService`` of ``CheckpointingRunner`` jobs, served on a loopback port.
-    A context manager: stops the server and the service on exit."""
+    """``create_app`` over a ``JobService`` of ``CheckpointingRunner`` jobs (or ``runners``), served on a
+    loopback port; with ``grpc``, the gRPC API too, at ``grpc_address``. A context manager: stops the
+    servers and the service on exit."""
 
-    def __init__(self, data_dir: Path, slots: int = 2) -> None:
-        self.service = JobService(ServiceConfig(data_dir=data_dir, slots=slots), CheckpointingRunner)
+    def __init__(
+        self,
+        data_dir: Path,
+        slots: int = 2,
+        runners: RunnerFactory = CheckpointingRunner,
+        user_name: str = "",
+        grpc: bool = False,
+    ) -> None:
+        config = ServiceConfig(data_dir=data_dir, slots=slots, user_name=user_name)
+        self.service = JobService(config, runners)
         self._server = ThreadedServer(create_app(self.service, TOKEN))
-        self.url = ""
+        self._grpc = grpc
+        self._grpc_server: CoordinatorServer | None = None
+        self.url = self.grpc_address = ""
 
     def __enter__(self) -> LiveApi:
         try:
             self.url = self._server.__enter__().url
+            if self._grpc:
+                self._grpc_server, port = serve_grpc(self.service, TOKEN, "127.0.0.1:0")
+                self.grpc_address = f"127.0.0.1:{port}"
         except BaseException:
-            self.service.shutdown()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=0)
         self._server.__exit__(*exc)
         self.service.shutdown()
 
@@ -146,11 +164,12 @@ class LiveApi:
 class ServeProcess:
     """`weightstream serve` as a real process on loopback ports; ``pid`` is the server's own process."""
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
+    def __init__(self, data_dir: Path, log: Path, *args: str) -> None:
+        """``args``: more `serve` options."""
         port = free_port()
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         cmd = [*weightstream_cmd(), "serve", "--port", str(port), "--grpc-port", str(free_port())]
-        cmd += ["--data-dir", str(data_dir), "--slots", "1"]
+        cmd += ["--data-dir", str(data_dir), "--slots", "1", *args]
         with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 cmd, env={**os.environ, "WEIGHTSTREAM_TOKEN": TOKEN}, stdout=out, stderr=subprocess.STDOUT

@@ -182,7 +182,7 @@ def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
     job_id = r.stdout.split()[0]
     assert f"{job_id} succeeded" in r.stdout
     assert job_id in run("jobs", "--label", "who=wsctl").stdout
-    assert json.loads(run("get", job_id).stdout)["status"] == "succeeded"
+    assert json.loads(run("get", "job", job_id, "-o", "json").stdout)["status"] == "succeeded"
     assert "checkpoint" in run("logs", job_id).stdout
     r = run("download", job_id, str(tmp_path / "dl"))
     assert r.returncode == 0 and (tmp_path / "dl" / "checkpoint_3" / "trainer_state.json").exists()
@@ -190,9 +190,9 @@ def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({**_params(), "model": {**TINY["model"], "num_heads": 3}}))
     r = run("submit", str(bad))
     assert r.returncode == 2 and "model.hidden_size" in r.stderr
-    r = run("cancel", job_id)
+    r = run("cancel", "job", job_id)
     assert r.returncode == 2 and "cannot become cancelled" in r.stderr
-    assert run("get", "nope").returncode == 2
+    assert run("get", "job", "nope").returncode == 2
 
 
 def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.appliance import TINY
 from tests.unit.jobs.test_scheduler import Fleet, wait_for
-from weightstream.jobs.service import JobService, QueueFull, ServiceConfig, ServiceLimits, _time_used
+from weightstream.jobs.service import JobService, QueueFull, ServiceConfig, ServiceLimits
 from weightstream.jobs.store import Job
 from weightstream.params import ParamsError, load_params, model_def
 from weightstream.params.size import num_layers, num_params, tokens_per_step
@@ -254,7 +254,12 @@ def test_time_used_counts_every_run_of_a_job() -> None:
         {"status": "queued", "at": 520.0, "reason": "service restarted"},
     ]
     job = Job("j", "queued", {}, 1, {}, 2, 100.0, 520.0, None, "/x", history)
-    assert _time_used(job) == 60.0
+    assert job.running_seconds() == 60.0
+    # running again: the run under way counts up to `now` when one is given (JobView's duration_s)
+    job = Job(
+        "j", "running", {}, 1, {}, 2, 100.0, 600.0, None, "/x", [*history, {"status": "running", "at": 600.0}]
+    )
+    assert job.running_seconds() == 60.0 and job.running_seconds(now=612.5) == 72.5
 
 
 @pytest.mark.parametrize("where", ["/tmp/elsewhere", "../other-job", ".", "sub/../..", "mx\0"])

@@ -4,7 +4,7 @@ Every /v1 route needs ``Authorization: Bearer <token>`` (compared in constant ti
 before any byte of the body is read) and every body is limited to ``MAX_BODY_BYTES``, counted as it
 streams: both are ``edge.EdgeGuard``. Errors are JSON ``{"error": {"code", "message", "details"?}}``;
 invalid params are 422 with every problem's key path. The routes live in ``routers/``, one module per
-resource; this module only assembles them.
+resource (``dashboard``: the web page at /, open like /healthz); this module only assembles them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from weightstream import __version__
 from weightstream.jobs.api.deps import finite_json_body
 from weightstream.jobs.api.edge import EdgeGuard
 from weightstream.jobs.api.errors import install_error_handlers
-from weightstream.jobs.api.routers import checkpoints, events, jobs, service
+from weightstream.jobs.api.routers import checkpoints, dashboard, events, jobs, service
 from weightstream.jobs.metrics import register_metrics
 from weightstream.jobs.service import JobService
 
@@ -38,6 +38,6 @@ def create_app(job_service: JobService, token: str) -> FastAPI:
     register_metrics(app.state.registry, job_service)
     install_error_handlers(app)
     app.add_middleware(EdgeGuard, token=token, max_body_bytes=MAX_BODY_BYTES)
-    for module in (service, jobs, events, checkpoints):
+    for module in (service, jobs, events, checkpoints, dashboard):
         app.include_router(module.router)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,12 +19,16 @@ __all__ = [
     "HistoryEntry",
     "JobList",
     "JobView",
+    "LabelsPatch",
     "Metrics",
+    "PriorityRequest",
     "Status",
     "SubmitRequest",
 ]
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_LENGTH)]
 
 
 class SubmitRequest(BaseModel):
@@ -35,11 +40,26 @@ class SubmitRequest(BaseModel):
     num_csx: int = Field(
         ge=1, le=1024, description="CS-2 workers; overrides runconfig.num_csx (the service may allow fewer)"
     )
-    labels: dict[
-        Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH)],
-        Annotated[str, Field(max_length=MAX_LABEL_LENGTH)],
-    ] = Field(default_factory=dict, max_length=MAX_LABELS)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     priority: int = Field(default=2, ge=1, le=3, description="1 runs before 2 before 3")
+
+
+class LabelsPatch(BaseModel):
+    """A change of a job's labels; the job keeps at most as many labels as a submission may have (the
+    service checks the result: 422 beyond)."""
+
+    model_config = ConfigDict(extra="forbid")
+    set: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_LABELS, description="labels to add or overwrite"
+    )
+    remove: list[LabelKey] = Field(
+        default_factory=list, max_length=MAX_LABELS, description="keys to remove; a missing key is no error"
+    )
+
+
+class PriorityRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority: int = Field(ge=1, le=3, description="1 runs before 2 before 3")
 
 
 class HistoryEntry(BaseModel):
@@ -56,8 +76,10 @@ class JobView(BaseModel):
     num_csx: int
     labels: dict[str, str]
     priority: int
+    user: str = Field(description="who submitted it: the service's user name (serve --user-name)")
     created_at: float
     updated_at: float
+    duration_s: float = Field(description="seconds spent running, over every run; a run under way counts")
     error: str | None
     history: list[HistoryEntry]
     params: dict[str, Any]
@@ -70,8 +92,10 @@ class JobView(BaseModel):
             num_csx=job.num_csx,
             labels=job.labels,
             priority=job.priority,
+            user=job.user,
             created_at=job.created_at,
             updated_at=job.updated_at,
+            duration_s=job.running_seconds(now=time.time()),
             error=job.error,
             history=[HistoryEntry(**h) for h in job.history],
             params=job.params,

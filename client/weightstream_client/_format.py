@@ -1,0 +1,87 @@
+"""Jobs as `wsctl get` prints them: csctl's columns, one job a line, plain fixed-width text.
+
+No rich table here: rich fits a table to the terminal (80 columns when stdout is a pipe) by wrapping cells,
+and a wrapped job id is a broken job id for ``grep``, ``awk`` and a person copying it. Every cell is one
+line of printable text (a label value with a newline or a terminal escape in it is shown escaped), never
+empty (``-``), and columns are as wide as their widest cell.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+__all__ = ["JOB_COLUMNS", "cell", "dump", "human_duration", "job_row", "labels_text", "newest_first", "table"]
+
+JOB_COLUMNS = ("NAME", "AGE", "DURATION", "PHASE", "SYSTEMS", "USER", "LABELS")
+GAP = "   "  # between columns: wide enough that a label value's single spaces do not read as a column
+
+
+def human_duration(seconds: float) -> str:
+    """As kubectl shows an age: ``45s``, ``3m12s`` (under 10 minutes), ``42m``, ``5h7m`` (under 8
+    hours), ``20h``, ``3d4h`` (under 8 days), ``12d``. Negative (clocks apart) counts as 0."""
+    s = max(0, int(seconds))
+    m, h, d = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if s < 600:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if h < 3:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    return f"{d}d"
+
+
+def cell(text: object) -> str:
+    """``text`` as one cell: every character that is not printable (a newline, a tab, ESC) escaped as
+    Python writes it, so a cell can neither break its line nor drive the terminal; ``-`` if empty."""
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return s or "-"
+
+
+def labels_text(labels: Mapping[str, str]) -> str:
+    """``k=v,k2=v2`` in key order (how ``--label`` and ``wsctl label`` take them), ``-`` for none."""
+    return cell(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+
+
+def job_row(job: Mapping[str, Any], now: float) -> list[str]:
+    """A job (the service's JSON) as the cells of ``JOB_COLUMNS``. DURATION is its time running, over
+    every run; ``-`` while it has never run."""
+    ran = any(h.get("status") == "running" for h in job.get("history", []))
+    duration = human_duration(job.get("duration_s", 0.0)) if ran else "-"
+    return [
+        cell(job["id"]),
+        human_duration(now - job["created_at"]),
+        duration,
+        cell(str(job["status"]).upper()),
+        cell(job["num_csx"]),
+        cell(job.get("user", "")),
+        labels_text(job.get("labels", {})),
+    ]
+
+
+def newest_first(jobs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(jobs, key=lambda j: (j["created_at"], j["id"]), reverse=True)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Left-aligned fixed-width columns, one row a line, no trailing spaces; ends with a newline."""
+    rows = [list(header), *(list(r) for r in rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [GAP.join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def dump(document: Any, fmt: str) -> str:
+    """``document`` as ``json`` (indented) or ``yaml`` (block style, keys in the service's order)."""
+    if fmt == "json":
+        return json.dumps(document, indent=2) + "\n"
+    return yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True)
