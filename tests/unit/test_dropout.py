@@ -13,12 +13,12 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
+from tests.finite_differences import assert_grads_match_finite_differences
 from weightstream.numerics import (
     GPT2Config,
     ModelDef,
     build_gpt2,
     forward_backward,
-    forward_loss,
     init_params,
 )
 from weightstream.numerics import gpt2 as G
@@ -229,20 +229,8 @@ def test_grads_match_finite_differences_under_a_fixed_scope(rng: np.random.Gener
     model = build_gpt2(cfg)
     params = _params(model, rng)
     ids, targets = _batch(rng, cfg, b=2, t=4)
-    with dropout_scope(SEED, STEP, first_sample=2):
-        _, grads = forward_backward(model, params, ids, targets, targets.size)
-        eps = 1e-6
-        for name, p in params.items():  # a few entries of every tensor
-            for flat in rng.choice(p.size, size=min(3, p.size), replace=False):
-                idx = np.unravel_index(flat, p.shape)
-                old = p[idx]
-                p[idx] = old + eps
-                up = forward_loss(model, params, ids, targets, targets.size)
-                p[idx] = old - eps
-                down = forward_loss(model, params, ids, targets, targets.size)
-                p[idx] = old
-                fd = (up - down) / (2 * eps)
-                assert_allclose(grads[name][idx], fd, rtol=1e-5, atol=1e-7, err_msg=name)
+    with dropout_scope(SEED, STEP, first_sample=2):  # the same masks for every loss evaluated
+        assert_grads_match_finite_differences(model, params, ids, targets, rng, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 import weightstream.numerics._blocked as blocked
+from tests.finite_differences import assert_grads_match_finite_differences
 from weightstream.numerics import (
     LlamaConfig,
     ModelDef,
@@ -175,18 +176,7 @@ def test_whole_model_grads_match_finite_differences(rng) -> None:
     model = build_llama(cfg)
     params = _perturbed(model, rng, np.float64)
     ids, targets = _batch(rng, cfg, b=2, t=5)
-    _, grads = forward_backward(model, params, ids, targets, targets.size)
-    eps = 1e-6
-    for name, p in params.items():  # a few entries of every tensor
-        for flat in rng.choice(p.size, size=min(3, p.size), replace=False):
-            idx = np.unravel_index(flat, p.shape)
-            old = p[idx]
-            p[idx] = old + eps
-            up = forward_loss(model, params, ids, targets, targets.size)
-            p[idx] = old - eps
-            down = forward_loss(model, params, ids, targets, targets.size)
-            p[idx] = old
-            assert_allclose(grads[name][idx], (up - down) / (2 * eps), rtol=1e-5, atol=1e-8, err_msg=name)
+    assert_grads_match_finite_differences(model, params, ids, targets, rng, atol=1e-8)
 
 
 def test_shard_gradients_sum_to_global_gradient(rng) -> None:

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from tests.finite_differences import assert_grads_match_finite_differences
 from weightstream.numerics import (
     FCMLPConfig,
     GPT2Config,
     build_fc_mlp,
     build_gpt2,
     forward_backward,
-    forward_loss,
     init_params,
 )
 
@@ -65,18 +65,7 @@ def test_gpt2_grads_match_finite_differences(rng) -> None:
     model = build_gpt2(cfg)
     params = _perturbed(init_params(model, seed=0), rng, np.float64)
     ids, targets = _batch(rng, cfg, b=2, t=4)
-    _, grads = forward_backward(model, params, ids, targets, targets.size)
-    eps = 1e-6
-    for name, p in params.items():  # a few entries of every tensor
-        for flat in rng.choice(p.size, size=min(3, p.size), replace=False):
-            idx = np.unravel_index(flat, p.shape)
-            old = p[idx]
-            p[idx] = old + eps
-            up = forward_loss(model, params, ids, targets, targets.size)
-            p[idx] = old - eps
-            down = forward_loss(model, params, ids, targets, targets.size)
-            p[idx] = old
-            assert_allclose(grads[name][idx], (up - down) / (2 * eps), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert_grads_match_finite_differences(model, params, ids, targets, rng, atol=1e-7)
 
 
 def test_fc_mlp_matches_torch(rng) -> None:
