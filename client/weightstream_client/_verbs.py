@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from weightstream_client._client import ApiError
 from weightstream_client._common import JobId, Url, connect, err, fail, parse_labels
@@ -39,8 +40,25 @@ Output = Annotated[
 LabelFilter = Annotated[list[str] | None, typer.Option("--label", help="key=value, repeatable")]
 ACTIVE = ("queued", "running")
 
-get_app = typer.Typer(help="Show jobs.", no_args_is_help=True)
-cancel_app = typer.Typer(help="Cancel a job.", no_args_is_help=True)
+
+class _NounGroup(TyperGroup):
+    """``get`` and ``cancel`` take a noun (``job ID``) as csctl does; the earlier ``wsctl get ID`` and
+    ``wsctl cancel ID`` exit 2 with the new form, not a bare "No such command"."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            err.print(
+                f"[red]error:[/red] {escape(repr(args[0]))} is not a noun of `{ctx.info_name}`: "
+                f"did you mean `wsctl {ctx.info_name} job {escape(args[0])}`?",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2)
+        return super().resolve_command(ctx, args)
+
+
+get_app = typer.Typer(help="Show jobs.", no_args_is_help=True, cls=_NounGroup)
+cancel_app = typer.Typer(help="Cancel a job.", no_args_is_help=True, cls=_NounGroup)
 label_app = typer.Typer(help="Set or remove labels.", no_args_is_help=True)
 job_app = typer.Typer(help="Change a job.", no_args_is_help=True)
 config_app = typer.Typer(help="The client's configuration.", no_args_is_help=True)

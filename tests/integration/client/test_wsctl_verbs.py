@@ -304,3 +304,12 @@ def test_a_table_is_fixed_columns_without_trailing_spaces() -> None:
     text = table(("A", "BB"), [["xxxx", "y"], ["z", cell("")]])
     assert text == "A      BB\nxxxx   y\nz      -\n"
     assert cell("a\tb\x07") == "a\\tb\\x07"
+
+
+@pytest.mark.parametrize("verb", ["get", "cancel"])
+def test_the_earlier_verb_forms_say_what_to_type_now(verb: str) -> None:
+    """`wsctl get ID` and `wsctl cancel ID` were the verbs before csctl's nouns: exit 2 with the new form
+    (nothing is sent: no server is listening on that port)."""
+    r = wsctl("http://127.0.0.1:9", verb, "abc123")
+    assert r.returncode == 2, r.stderr
+    assert f"wsctl {verb} job abc123" in r.stderr
