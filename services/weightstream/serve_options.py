@@ -100,6 +100,7 @@ UserName = Annotated[
     str,
     typer.Option(
         "--user-name",
+        envvar="WEIGHTSTREAM_USER_NAME",  # the Helm chart's userName, through the ConfigMap
         help="the USER recorded on each submitted job: the service has one token, hence one user; "
         "default: the OS user running the service",
         show_default=False,

@@ -58,6 +58,7 @@ def test_non_default_values_lint_cleanly() -> None:
         {
             "image": {"repository": "registry.local/ws", "tag": "1.2.3", "pullPolicy": "Always"},
             "apiToken": "s3cret",
+            "userName": "nlp-team",
             "slots": 16,
             "service": {"type": "LoadBalancer", "restPort": 80, "grpcPort": 9090},
             "persistence": {"size": "500Gi", "storageClass": "fast", "accessModes": ["ReadWriteMany"]},
@@ -91,6 +92,7 @@ CASES = [
     ({"dataRoots": ["/data/jobs/other"]}, {"dataRoots": ["/data/jobsets"]}),
     ({"dataRoots": ["/srv/corpora"]}, {"dataRoots": ["/data/corpora"]}),
     ({"networkPolicy": {"enabled": "yes"}}, {"networkPolicy": {"enabled": False}}),
+    ({"userName": "two words"}, {"userName": "ada"}),
 ]
 
 
@@ -107,6 +109,7 @@ CASES = [
         "data-root-in-jobs",
         "data-root-off-volume",
         "network-policy",
+        "user-name",
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(bad: dict[str, Any], good: dict[str, Any]) -> None:
@@ -143,7 +146,7 @@ def _install(tmp_path: Path, overrides: dict[str, Any]) -> FakeKubernetesAPI:
 
 def test_installed_chart_runs_a_locked_down_coordinator_the_job_policies_admit(tmp_path: Path) -> None:
     kv = pytest.importorskip("kubernetes_validate", reason="a test dependency: pip install -e .[test]")
-    api = _install(tmp_path, {"dataRoots": ["/data/corpora"]})
+    api = _install(tmp_path, {"dataRoots": ["/data/corpora"], "userName": "ada"})
     try:
         objects = {(kind, name): obj for (kind, _, name), obj in api.objects.items()}
     finally:
@@ -165,6 +168,7 @@ def test_installed_chart_runs_a_locked_down_coordinator_the_job_policies_admit(t
     assert "emptyDir" in volumes[tmp["name"]]
     config = objects[("ConfigMap", "ws-weightstream")]["data"]
     assert config["WEIGHTSTREAM_DATA_ROOTS"] == "/data/corpora"  # serve --data-root, through envFrom
+    assert config["WEIGHTSTREAM_USER_NAME"] == "ada"  # serve --user-name, through envFrom
     # RBAC: what the backend calls for a job's credential and isolation, and no reading of Secrets
     rules = objects[("Role", "ws-weightstream")]["rules"]
     granted = {

@@ -265,8 +265,15 @@ def test_the_library_changes_labels_and_priority_and_exports(served: Served, tmp
         assert tar.extractfile(f"{job_id}/run.log").read() == b"hello\n"  # type: ignore[union-attr]
 
 
-def test_serve_records_its_user_name_on_every_job(tmp_path: Path) -> None:
-    served = ServeProcess(tmp_path / "data", tmp_path / "serve.log", "--user-name", "bob")
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_serve_records_its_user_name_on_every_job(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --user-name bob`, or WEIGHTSTREAM_USER_NAME=bob (how the Helm chart's userName arrives)."""
+    if how == "env":
+        monkeypatch.setenv("WEIGHTSTREAM_USER_NAME", "bob")  # the serve process inherits the environment
+    args = ("--user-name", "bob") if how == "flag" else ()
+    served = ServeProcess(tmp_path / "data", tmp_path / "serve.log", *args)
     try:
         with Client(served.url, TOKEN) as client:
             job = client.submit(copy.deepcopy(TINY), 1)
