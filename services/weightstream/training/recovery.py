@@ -224,6 +224,7 @@ class Recovery:
             recovery_s=took,
             generation=self.roles.generation,
             restarts=self.budget.restarts,
+            addresses=addresses,  # every role's, a replacement's new one included (the dashboard shows it)
         )
         return now_at
 

@@ -112,6 +112,10 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
             (role, n, 50) for n, (role, _) in enumerate(VICTIMS, start=1)
         ]
         assert [e["generation"] for e in sse if e["kind"] == "recovered"] == [1, 2, 3]
+        # every recovery names every role's address, a replacement's new one included (the dashboard's roles)
+        started = next(e for e in job.events(follow=False) if "addresses" in e)["addresses"]
+        for e in (e for e in sse if e["kind"] == "recovered"):
+            assert {k: len(v) for k, v in e["addresses"].items()} == {k: len(v) for k, v in started.items()}
 
         # /metrics: the counter by kind, every kind present, equal to the stored restart events
         scrape = httpx.get(f"{service.url}/metrics").text

@@ -228,10 +228,14 @@ function onEvent(job, { kind, data }) {
     if (data.status === "resuming") $("role-note").textContent = `resuming from step ${data.step}`;
   } else if (kind === "restart") {
     const r = role(job, data.role, data.role_kind);
-    Object.assign(r, { state: "restarting", restarts: r.restarts + 1 });
+    Object.assign(r, { state: "restarting", restarts: r.restarts + 1, moved: true });
     $("role-note").textContent = `step ${data.step}: restart ${data.restarts}/${data.max_role_restarts}: ${data.reason}`;
   } else if (kind === "recovered") {
     for (const r of job.roles.values()) if (r.state === "restarting") r.state = "running";
+    // every role's address after the recovery, a replacement's new one included
+    for (const [k, addresses] of Object.entries(data.addresses || {})) {
+      addresses.forEach((a, i) => Object.assign(role(job, `${k}-${i}`, k), { address: a, moved: false }));
+    }
     $("role-note").textContent = `step ${data.step}: recovered in ${data.recovery_s.toFixed(1)}s, replaying ${data.replay_steps} steps`;
   } else if (kind === "retry") {
     $("role-note").textContent = `step ${data.step}: retry: ${data.reason}`;
@@ -262,8 +266,8 @@ function renderRoles(job) {
       {},
       el("td", { class: "mono", text: name }),
       el("td", {}, el("span", { class: `state ${r.state}`, text: r.state })),
-      // addresses come from the job's start: a replacement may listen elsewhere
-      el("td", { class: "mono", text: r.address + (r.restarts ? " (before restart)" : "") }),
+      // a replacement's address arrives with the "recovered" event; until then the old one is marked
+      el("td", { class: "mono", text: r.address + (r.moved ? " (before restart)" : "") }),
       el("td", { class: "num", text: String(r.restarts) }),
     ),
   );
