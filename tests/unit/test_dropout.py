@@ -13,7 +13,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
-from tests.finite_differences import assert_grads_match_finite_differences
+from tests.model_checks import assert_grads_match_finite_differences
 from weightstream.numerics import (
     GPT2Config,
     ModelDef,

@@ -4,7 +4,6 @@ buffers reused without page faults."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,7 +14,14 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
-from weightstream.numerics import GPT2Config, build_gpt2, forward_backward, init_params
+from tests.model_checks import digest_with_threads, step_digest
+from weightstream.numerics import (
+    GPT2Config,
+    LlamaConfig,
+    build_gpt2,
+    build_llama,
+    init_params,
+)
 from weightstream.numerics import attention as A
 from weightstream.numerics import layers as L
 
@@ -26,51 +32,50 @@ B, T = 4, 272
 
 
 def _digest() -> str:
-    """sha256 over the loss and every gradient of one GPT-2 forward+backward (float32)."""
-    model = build_gpt2(CFG)
-    params = init_params(model, seed=3)
+    """One GPT-2 forward+backward (float32), digested."""
     ids = np.random.default_rng(5).integers(0, CFG.vocab_size, (B, T + 1))
-    loss, grads = forward_backward(model, params, ids[:, :-1], ids[:, 1:], ids[:, 1:].size)
-    h = hashlib.sha256(np.float64(loss).tobytes())
-    for name in sorted(grads):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(grads[name]).tobytes())
-    return h.hexdigest()
+    model = build_gpt2(CFG)
+    return step_digest(model, init_params(model, seed=3), ids)
 
 
-_CHILD = textwrap.dedent(
-    """
-    import sys
-    sys.path.insert(0, {root!r})
-    from tests.unit.test_kernels_determinism import _digest
-    print(_digest())
-    """
-)
-
-
-def _digest_with_threads(threads: int) -> str:
-    env = {**os.environ, "WEIGHTSTREAM_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads)}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD.format(root=root)], env=env, capture_output=True, text=True, check=True
+def _llama_digest() -> str:
+    """One LLaMA step at sizes where its own parallel paths run too (grouped K/V over several row blocks,
+    both biases)."""
+    cfg = LlamaConfig(
+        vocab_size=512,
+        max_position_embeddings=T,
+        hidden_size=256,
+        num_layers=1,
+        num_heads=8,
+        num_kv_heads=2,
+        intermediate_size=688,
+        attention_bias=True,
+        mlp_bias=True,
     )
-    return out.stdout.strip()
+    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, (B, T + 1))
+    model = build_llama(cfg)
+    return step_digest(model, init_params(model, seed=3), ids)
 
 
-def test_gpt2_step_is_bitwise_the_same_whatever_the_thread_count() -> None:
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_step_is_bitwise_the_same_whatever_the_thread_count(family: str) -> None:
     """WEIGHTSTREAM_NUM_THREADS (and BLAS's own pool, set alike as role_env does) change which thread
     computes what, never the bits: every partition is a function of the shapes only."""
-    digests = {n: _digest_with_threads(n) for n in (1, 2, 3)}
+    digest = f"tests.unit.test_kernels_determinism:{'_digest' if family == 'gpt2' else '_llama_digest'}"
+    digests = {n: digest_with_threads(digest, n) for n in (1, 2, 3)}
     assert len(set(digests.values())) == 1, digests
-    assert _digest_with_threads(2) == digests[2]  # and a rerun
+    assert digest_with_threads(digest, 2) == digests[2]  # and a rerun
 
 
-def test_gpt2_step_is_bitwise_the_same_whatever_the_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_step_is_bitwise_the_same_whatever_the_block_size(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Row blocks are whole rows and no reduction spans two, so the block size changes no bit."""
     digests = set()
     for elems in (1 << 12, 1 << 17, 1 << 22):
         monkeypatch.setattr(blocked, "_BLOCK_ELEMS", elems)
-        digests.add(_digest())
+        digests.add(_digest() if family == "gpt2" else _llama_digest())
     assert len(digests) == 1
 
 

@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-import weightstream.numerics._blocked as blocked
-from tests.finite_differences import assert_grads_match_finite_differences
+from tests.model_checks import assert_grads_match_finite_differences, assert_shards_sum_to_global
 from weightstream.numerics import (
     LlamaConfig,
     ModelDef,
@@ -183,18 +177,7 @@ def test_shard_gradients_sum_to_global_gradient(rng) -> None:
     """What makes data parallelism exact: shards with the global denominator add up to the full batch."""
     model = build_llama(_cfg(tie_word_embeddings=True))
     params = {n: v.astype(np.float64) for n, v in init_params(model, seed=2).items()}
-    ids, targets = _batch(rng, CFG, b=4)
-    loss, grads = forward_backward(model, params, ids, targets, targets.size)
-    total = 0.0
-    summed = {n: np.zeros_like(v) for n, v in params.items()}
-    for s in (slice(0, 1), slice(1, 3), slice(3, 4)):
-        part_loss, part = forward_backward(model, params, ids[s], targets[s], targets.size)
-        total += part_loss
-        for n, g in part.items():
-            summed[n] += g
-    assert_allclose(total, loss, rtol=1e-12)
-    for n in params:
-        assert_allclose(summed[n], grads[n], rtol=1e-9, atol=1e-14, err_msg=n)
+    assert_shards_sum_to_global(model, params, *_batch(rng, CFG, b=4))
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
@@ -269,55 +252,3 @@ def test_sequence_longer_than_max_positions_is_refused(rng) -> None:
     with pytest.raises(ValueError, match="sequence length 13 exceeds max_position_embeddings 12"):
         forward_loss(model, params, ids, ids, ids.size)
     assert math.isfinite(forward_loss(model, params, ids[:, :-1], ids[:, 1:], ids.size))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Bitwise determinism, as test_kernels_determinism checks GPT-2's
-# ---------------------------------------------------------------------------------------------------------
-def _step_digest() -> str:
-    """sha256 over the loss and every gradient of one float32 step, at sizes where every parallel path
-    runs (row blocks over 2^18 elements, two product parts, grouped K/V over several row blocks). Its
-    imports are its own: a subprocess runs its source alone (without torch or pytest)."""
-    import hashlib
-
-    import numpy as np
-
-    from weightstream.numerics import LlamaConfig, build_llama, forward_backward, init_params
-
-    cfg = LlamaConfig(
-        vocab_size=512,
-        max_position_embeddings=272,
-        hidden_size=256,
-        num_layers=1,
-        num_heads=8,
-        num_kv_heads=2,
-        intermediate_size=688,
-        attention_bias=True,
-        mlp_bias=True,
-    )
-    model = build_llama(cfg)
-    params = init_params(model, seed=3)
-    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, (4, 273))
-    loss, grads = forward_backward(model, params, ids[:, :-1], ids[:, 1:], ids[:, 1:].size)
-    h = hashlib.sha256(np.float64(loss).tobytes())
-    for name in sorted(grads):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(grads[name]).tobytes())
-    return h.hexdigest()
-
-
-def test_step_is_bitwise_the_same_whatever_the_thread_count_and_block_size(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    child = textwrap.dedent(inspect.getsource(_step_digest)) + "\nprint(_step_digest())\n"
-    digests = {}
-    for threads in (1, 3):
-        env = {**os.environ, "WEIGHTSTREAM_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads)}
-        run = subprocess.run(
-            [sys.executable, "-c", child], env=env, capture_output=True, text=True, check=True
-        )
-        digests[f"{threads} threads"] = run.stdout.strip()
-    for elems in (1 << 12, 1 << 17):
-        monkeypatch.setattr(blocked, "_BLOCK_ELEMS", elems)
-        digests[f"blocks of {elems}"] = _step_digest()
-    assert len(set(digests.values())) == 1, digests

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tests.finite_differences import assert_grads_match_finite_differences
+from tests.model_checks import assert_grads_match_finite_differences, assert_shards_sum_to_global
 from weightstream.numerics import (
     FCMLPConfig,
     GPT2Config,
@@ -86,18 +86,7 @@ def test_shard_gradients_sum_to_global_gradient(rng) -> None:
     """What makes data parallelism exact: shards with the global denominator add up to the full batch."""
     model = build_gpt2(CFG)
     params = {n: v.astype(np.float64) for n, v in init_params(model, seed=2).items()}
-    ids, targets = _batch(rng, CFG, b=4)
-    loss, grads = forward_backward(model, params, ids, targets, targets.size)
-    total = 0.0
-    summed = {n: np.zeros_like(v) for n, v in params.items()}
-    for s in (slice(0, 1), slice(1, 3), slice(3, 4)):
-        part_loss, part = forward_backward(model, params, ids[s], targets[s], targets.size)
-        total += part_loss
-        for n, g in part.items():
-            summed[n] += g
-    assert_allclose(total, loss, rtol=1e-12)
-    for n in params:
-        assert_allclose(summed[n], grads[n], rtol=1e-9, atol=1e-14, err_msg=n)
+    assert_shards_sum_to_global(model, params, *_batch(rng, CFG, b=4))
 
 
 def test_units_and_ownership() -> None:
