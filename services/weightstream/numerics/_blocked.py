@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["THREADS", "for_row_blocks", "matmul", "run_tasks", "single_threaded_blas", "sum_rows"]
+__all__ = ["THREADS", "for_row_blocks", "matmul", "rows2", "run_tasks", "single_threaded_blas", "sum_rows"]
 
 THREADS = max(1, min(int(os.environ.get("WEIGHTSTREAM_NUM_THREADS", os.cpu_count() or 1)), 16))
 _BLOCK_ELEMS = 1 << 17  # 128 Ki elements = 512 KiB of float32 per operand (measured best; 256 KiB: +10%)
@@ -77,6 +77,11 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
     run_all(runs[0])
     for f in futures:
         f.result()
+
+
+def rows2(a: np.ndarray) -> np.ndarray:
+    """``a`` [..., C] as rows [N, C] (a view when ``a`` is contiguous): what the row-block passes walk."""
+    return a.reshape(-1, a.shape[-1])
 
 
 def for_row_blocks(fn: Callable[[slice], None], rows: int, row_len: int) -> None:

@@ -31,7 +31,7 @@ from functools import partial
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks, run_tasks
+from weightstream.numerics._blocked import for_row_blocks, rows2, run_tasks
 
 __all__ = [
     "DropoutScope",
@@ -134,16 +134,12 @@ def _scale(rate: float, dtype: np.dtype) -> np.generic:
     return dtype.type(1.0 / (1.0 - rate))
 
 
-def _rows2(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1])
-
-
 def dropout_forward(
     x: np.ndarray, mask: np.ndarray, rate: float, out: np.ndarray | None = None
 ) -> np.ndarray:
     """x * mask / (1 - rate), in one pass over row blocks; ``out`` may be ``x``."""
-    x2, m2 = _rows2(x), _rows2(mask)
-    y2 = np.empty_like(x2) if out is None else _rows2(out)
+    x2, m2 = rows2(x), rows2(mask)
+    y2 = np.empty_like(x2) if out is None else rows2(out)
     scale = _scale(rate, x.dtype)
 
     def rows(s: slice) -> None:
@@ -166,7 +162,7 @@ def dropout_add_bias_residual(
 ) -> np.ndarray:
     """y = (y + b) * mask / (1 - rate) + residual, in place, in one pass over y: a projection's output
     through Hugging Face GPT-2's ``resid_dropout`` (which follows the bias) and then its residual."""
-    y2, m2, r2 = _rows2(y), _rows2(mask), _rows2(residual)
+    y2, m2, r2 = rows2(y), rows2(mask), rows2(residual)
     scale = _scale(rate, y.dtype)
 
     def rows(s: slice) -> None:

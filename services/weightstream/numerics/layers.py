@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks, matmul, run_tasks, sum_rows
+from weightstream.numerics._blocked import for_row_blocks, matmul, rows2, run_tasks, sum_rows
 from weightstream.numerics.attention import AttentionSaved, attention_backward, attention_forward
 
 __all__ = [
@@ -43,10 +43,6 @@ __all__ = [
 ]
 
 
-def _rows2(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1])
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Linear (Hugging Face Conv1D layout: weight is [in, out], so y = x @ W + b)
 # ---------------------------------------------------------------------------------------------------------
@@ -54,7 +50,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.nda
     """x [..., in] @ w [in, out] + b [out] -> [..., out]. The input itself is what backward needs.
 
     Pass ``b=None`` and add the bias in the next elementwise pass where there is one (GELU, residual)."""
-    y = matmul(_rows2(x), w, bias=b)  # [N, out]
+    y = matmul(rows2(x), w, bias=b)  # [N, out]
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -65,18 +61,18 @@ def linear_backward(
 
     dw is computed first, so ``dx_out`` may be ``x`` itself (its last use): a layer that owns its saved
     input writes dx over it instead of faulting in a fresh buffer."""
-    x2, dy2 = _rows2(x), _rows2(dy)  # [N, in], [N, out]
+    x2, dy2 = rows2(x), rows2(dy)  # [N, in], [N, out]
     dw = matmul(x2.T, dy2)  # [in, out]
     db = sum_rows(dy2)  # [out]
     if not need_dx:
         return None, dw, db
-    dx = matmul(dy2, w.T, out=None if dx_out is None else _rows2(dx_out))  # [N, in]
+    dx = matmul(dy2, w.T, out=None if dx_out is None else rows2(dx_out))  # [N, in]
     return dx.reshape(*dy.shape[:-1], w.shape[0]), dw, db
 
 
 def add_bias_residual(y: np.ndarray, b: np.ndarray, residual: np.ndarray) -> np.ndarray:
     """y += b + residual, in place, in one pass over y (a projection's output before its residual)."""
-    y2, r2 = _rows2(y), _rows2(residual)
+    y2, r2 = rows2(y), rows2(residual)
 
     def rows(s: slice) -> None:
         y2[s] += b
@@ -133,7 +129,7 @@ def _layer_norm(
 def layer_norm_forward(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
 ) -> tuple[np.ndarray, LayerNormSaved]:
-    y, xhat, rstd = _layer_norm(_rows2(x), gamma, beta, eps, None)
+    y, xhat, rstd = _layer_norm(rows2(x), gamma, beta, eps, None)
     return y.reshape(x.shape), LayerNormSaved(xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1))
 
 
@@ -141,7 +137,7 @@ def add_layer_norm_forward(
     h: np.ndarray, b: np.ndarray, residual: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
 ) -> tuple[np.ndarray, np.ndarray, LayerNormSaved]:
     """x = h + b + residual (in place in h), then LayerNorm(x): one pass for both. Returns (x, y, saved)."""
-    y, xhat, rstd = _layer_norm(_rows2(h), gamma, beta, eps, (b, _rows2(residual)))
+    y, xhat, rstd = _layer_norm(rows2(h), gamma, beta, eps, (b, rows2(residual)))
     saved = LayerNormSaved(xhat.reshape(h.shape), rstd.reshape(*h.shape[:-1], 1))
     return h, y.reshape(h.shape), saved
 
@@ -158,9 +154,9 @@ def layer_norm_backward(
     ``out`` may be ``dy`` itself: each row block reads its dy before writing it."""
     c = dy.shape[-1]
     xhat, rstd = saved.xhat.reshape(-1, c), saved.rstd.reshape(-1, 1)  # [N, C], [N, 1]
-    dy2 = _rows2(dy)
-    dx = np.empty_like(dy2) if out is None else _rows2(out)
-    res = None if residual is None else _rows2(residual)
+    dy2 = rows2(dy)
+    dx = np.empty_like(dy2) if out is None else rows2(out)
+    res = None if residual is None else rows2(residual)
     inv_c = dy.dtype.type(1.0 / c)
     # The column sums first (out may be dy), in two halves of the columns on two threads; the halves
     # depend on the shape only, so the thread count changes no bit.
@@ -206,8 +202,8 @@ def gelu_forward(
     is overwritten by y, so the layer keeps two activation-sized buffers, not three.
     """
     dt = x.dtype.type
-    x2 = _rows2(x)
-    y = np.empty_like(x2) if out is None else _rows2(out)
+    x2 = rows2(x)
+    y = np.empty_like(x2) if out is None else rows2(out)
     dydx = np.empty_like(x2)
 
     def rows(s: slice) -> None:
@@ -242,8 +238,8 @@ def gelu_backward(
 ) -> np.ndarray:
     """dx = dy * dy/dx, the derivative from ``gelu_forward`` (``x`` is not needed; kept for the layer
     signature). ``out`` may be ``dy``."""
-    d2, dy2 = _rows2(dydx), _rows2(dy)
-    dx = np.empty_like(dy2) if out is None else _rows2(out)
+    d2, dy2 = rows2(dydx), rows2(dy)
+    dx = np.empty_like(dy2) if out is None else rows2(out)
 
     def rows(s: slice) -> None:
         np.multiply(dy2[s], d2[s], out=dx[s])

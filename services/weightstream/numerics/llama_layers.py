@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks, run_tasks
+from weightstream.numerics._blocked import for_row_blocks, rows2, run_tasks
 
 __all__ = [
     "RMSNormSaved",
@@ -42,13 +42,9 @@ __all__ = [
 ]
 
 
-def _rows2(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1])
-
-
 def add_residual(y: np.ndarray, residual: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """y += (bias +) residual, in place, in one pass over y (a projection's output before its residual)."""
-    y2, r2 = _rows2(y), _rows2(residual)
+    y2, r2 = rows2(y), rows2(residual)
 
     def rows(s: slice) -> None:
         if bias is not None:
@@ -99,7 +95,7 @@ def _rms_norm(
 
 def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, RMSNormSaved]:
     """x [..., C] -> (y [..., C], saved)."""
-    y, saved = _rms_norm(_rows2(x), weight, eps, None)
+    y, saved = _rms_norm(rows2(x), weight, eps, None)
     return y.reshape(x.shape), saved
 
 
@@ -107,7 +103,7 @@ def add_rms_norm_forward(
     h: np.ndarray, bias: np.ndarray | None, residual: np.ndarray, weight: np.ndarray, eps: float
 ) -> tuple[np.ndarray, np.ndarray, RMSNormSaved]:
     """x = h (+ bias) + residual (in place in h), then RMSNorm(x), in one pass. Returns (x, y, saved)."""
-    y, saved = _rms_norm(_rows2(h), weight, eps, (bias, _rows2(residual)))
+    y, saved = _rms_norm(rows2(h), weight, eps, (bias, rows2(residual)))
     return h, y.reshape(h.shape), saved
 
 
@@ -123,9 +119,9 @@ def rms_norm_backward(
     dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * weight. ``out`` may be ``dy`` itself."""
     c = dy.shape[-1]
     xhat, rstd = saved
-    dy2 = _rows2(dy)
-    dx = np.empty_like(dy2) if out is None else _rows2(out)
-    res = None if residual is None else _rows2(residual)
+    dy2 = rows2(dy)
+    dx = np.empty_like(dy2) if out is None else rows2(out)
+    res = None if residual is None else rows2(residual)
     inv_c = dy.dtype.type(1.0 / c)
     # The column sum first (out may be dy), in two halves of the columns fixed by the shape (as
     # layer_norm_backward), so the thread count changes no bit.
@@ -270,8 +266,8 @@ def swiglu_forward(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = No
     """gate, up [..., F] (the two projections, biases included) -> silu(gate) * up [..., F].
 
     Backward needs gate and up (kept by the caller) and nothing else."""
-    g2, u2 = _rows2(gate), _rows2(up)
-    y = np.empty_like(g2) if out is None else _rows2(out)
+    g2, u2 = rows2(gate), rows2(up)
+    y = np.empty_like(g2) if out is None else rows2(out)
 
     def rows(s: slice) -> None:
         a = _sigmoid(g2[s])
@@ -290,9 +286,9 @@ def swiglu_backward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns (dgate, dup). With sg = sigmoid(gate): dup = dy * gate * sg and
     dgate = dy * up * (sg + gate * sg * (1 - sg)). ``out`` may be ``(gate, up)`` (their last use)."""
-    g2, u2, dy2 = _rows2(gate), _rows2(up), _rows2(dy)
-    dg = np.empty_like(g2) if out is None else _rows2(out[0])
-    du = np.empty_like(u2) if out is None else _rows2(out[1])
+    g2, u2, dy2 = rows2(gate), rows2(up), rows2(dy)
+    dg = np.empty_like(g2) if out is None else rows2(out[0])
+    du = np.empty_like(u2) if out is None else rows2(out[1])
     one = g2.dtype.type(1.0)
 
     def rows(s: slice) -> None:
