@@ -122,23 +122,17 @@ class DataProcessor(ABC):
 class _WindowedTokens(DataProcessor):
     """A token stream cut into non-overlapping windows of T+1 tokens (inputs and shifted targets)."""
 
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-        shuffle: bool,
-        what: str,
-        drop_last: bool = False,
-    ):
-        super().__init__(batch_size, seed, shuffle, drop_last)
+    def __init__(self, tokens: np.ndarray, inp: InputParams, seed: int) -> None:
+        """``tokens`` read from ``inp.data_dir``, cut into samples of ``inp.max_sequence_length``."""
+        assert inp.max_sequence_length is not None
+        super().__init__(inp.batch_size, seed, inp.shuffle, _drop_last(inp))
+        seq_len = inp.max_sequence_length
         self.tokens, self.seq_len = tokens, seq_len
         self.targets_per_sample = seq_len
         self._n = (len(tokens) - 1) // seq_len
         if self._n < 1:
             raise DataError(
-                f"{what} holds {len(tokens)} tokens, fewer than one sample of "
+                f"{inp.data_dir!r} holds {len(tokens)} tokens, fewer than one sample of "
                 f"max_sequence_length+1 = {seq_len + 1}"
             )
 
@@ -176,7 +170,7 @@ class TokenFileDataProcessor(_WindowedTokens):
     """Flat binary files of uint16 token ids (``*.bin``, as nanoGPT-style prepare scripts write them)."""
 
     def __init__(self, inp: InputParams, vocab_size: int, seed: int) -> None:
-        assert inp.data_dir is not None and inp.max_sequence_length is not None
+        assert inp.data_dir is not None
         parts = [np.memmap(f, dtype=np.uint16, mode="r") for f in _files(inp.data_dir, "*.bin", "TokenFile")]
         tokens = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         top = int(tokens.max())
@@ -184,33 +178,17 @@ class TokenFileDataProcessor(_WindowedTokens):
             raise DataError(
                 f"token id {top} in {inp.data_dir!r} is out of range for model.vocab_size={vocab_size}"
             )
-        super().__init__(
-            tokens,
-            inp.max_sequence_length,
-            inp.batch_size,
-            seed,
-            inp.shuffle,
-            repr(inp.data_dir),
-            _drop_last(inp),
-        )
+        super().__init__(tokens, inp, seed)
 
 
 class TextFileDataProcessor(_WindowedTokens):
     """UTF-8 text (``*.txt``) with byte-level tokens (vocabulary 256)."""
 
     def __init__(self, inp: InputParams, seed: int) -> None:
-        assert inp.data_dir is not None and inp.max_sequence_length is not None
+        assert inp.data_dir is not None
         data = b"".join(f.read_bytes() for f in _files(inp.data_dir, "*.txt", "TextFile"))
         tokens = np.frombuffer(data, dtype=np.uint8)
-        super().__init__(
-            tokens,
-            inp.max_sequence_length,
-            inp.batch_size,
-            seed,
-            inp.shuffle,
-            repr(inp.data_dir),
-            _drop_last(inp),
-        )
+        super().__init__(tokens, inp, seed)
 
 
 class SyntheticDataProcessor(DataProcessor):
