@@ -6,11 +6,12 @@ weightstream's numpy implementation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.testing import assert_allclose
 
 
 def to_torch(params: Mapping[str, np.ndarray], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -51,3 +52,26 @@ def fc_mlp_logits(p: Mapping[str, torch.Tensor], x: torch.Tensor, depth: int) ->
     for i in range(depth):
         x = F.relu(F.linear(x, p[f"fc.{i}.weight"].T, p[f"fc.{i}.bias"]))
     return F.linear(x, p["head.weight"].T, p["head.bias"])
+
+
+def assert_layer_matches_torch(
+    make: Callable[[np.random.Generator, type], Sequence[np.ndarray]],
+    np_fn: Callable[..., tuple[np.ndarray, Sequence[np.ndarray]]],
+    torch_fn: Callable[..., torch.Tensor],
+    dtype: type,
+    rtol: float,
+    atol: float,
+    rng: np.random.Generator,
+) -> None:
+    """A layer's numpy forward/backward against torch autograd: ``make(rng, dtype)`` gives the inputs,
+    ``np_fn(*inputs, dy)`` returns ``(y, grads of every input)``, ``torch_fn(*inputs)`` the output."""
+    inputs = make(rng, dtype)
+    ref_inputs = [torch.tensor(a.copy(), requires_grad=True) for a in inputs]
+    ref_y = torch_fn(*ref_inputs)
+    dy = rng.standard_normal(ref_y.shape).astype(dtype)
+    ref_y.backward(torch.tensor(dy))
+    y, grads = np_fn(*[a.copy() for a in inputs], dy.copy())
+    assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_allclose(y, ref_y.detach().numpy(), rtol=rtol, atol=atol)
+    for k, (g, ref) in enumerate(zip(grads, ref_inputs, strict=True)):
+        assert_allclose(g, ref.grad.numpy(), rtol=rtol, atol=atol, err_msg=f"input {k}")

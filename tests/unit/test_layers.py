@@ -13,6 +13,8 @@ from weightstream.numerics import layers as L
 torch = pytest.importorskip(
     "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
 )
+from tests import torch_reference as ref  # noqa: E402
+
 F = torch.nn.functional
 
 # (dtype, rtol, atol): float64 at the tolerance the issue fixes, float32 looser for rounding.
@@ -99,17 +101,7 @@ CASES: dict[str, tuple[Callable, Callable, Callable]] = {
 @pytest.mark.parametrize("dtype,rtol,atol", TOLERANCES, ids=["float64", "float32"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_layer_matches_torch_autograd(case: str, dtype, rtol: float, atol: float, rng) -> None:
-    make, np_fn, torch_fn = CASES[case]
-    inputs = make(rng, dtype)
-    ref_inputs = [torch.tensor(a.copy(), requires_grad=True) for a in inputs]
-    ref_y = torch_fn(*ref_inputs)
-    dy = rng.standard_normal(ref_y.shape).astype(dtype)
-    ref_y.backward(torch.tensor(dy))
-    y, grads = np_fn(*[a.copy() for a in inputs], dy.copy())
-    assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
-    assert_allclose(y, ref_y.detach().numpy(), rtol=rtol, atol=atol)
-    for g, ref in zip(grads, ref_inputs, strict=True):
-        assert_allclose(g, ref.grad.numpy(), rtol=rtol, atol=atol)
+    ref.assert_layer_matches_torch(*CASES[case], dtype, rtol, atol, rng)
 
 
 def _finite_difference(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
