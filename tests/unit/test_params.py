@@ -319,3 +319,17 @@ def test_the_pipelined_memory_check_builds_no_model() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == ["runconfig.execution_mode"]
+
+
+def test_embedding_dropout_follows_dropout_rate_unless_given() -> None:
+    """ModelZoo's default: embedding_dropout_rate left out is dropout_rate, for the model and config.json."""
+    from weightstream.training.checkpoints import hf_config
+
+    raw = _with("model.dropout_rate", 0.3)
+    p = load_params(raw)
+    assert model_def(p).units[0].dropout_rate == 0.3  # type: ignore[attr-defined]
+    assert (hf_config(p)["resid_pdrop"], hf_config(p)["embd_pdrop"]) == (0.3, 0.3)
+    raw["model"]["embedding_dropout_rate"] = 0.1
+    p = load_params(raw)
+    assert model_def(p).units[0].dropout_rate == 0.1  # type: ignore[attr-defined]
+    assert hf_config(p)["embd_pdrop"] == 0.1

@@ -36,9 +36,7 @@ def model_def(p: Params) -> ModelDef:
                 initializer_range=m.initializer_range,
                 tie_word_embeddings=m.share_embedding_weights,
                 dropout_rate=m.dropout_rate,
-                embedding_dropout_rate=(
-                    m.dropout_rate if m.embedding_dropout_rate is None else m.embedding_dropout_rate
-                ),
+                embedding_dropout_rate=m.embedding_dropout,
             )
         )
     if isinstance(m, LlamaModelParams):

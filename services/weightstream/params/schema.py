@@ -126,6 +126,11 @@ class GPT2ModelParams(_LanguageModelParams):
     use_ffn_bias: Literal[True] = True
     use_bias_in_output: Literal[False] = False
 
+    @property
+    def embedding_dropout(self) -> float:
+        """``embedding_dropout_rate``, or ``dropout_rate`` where it is left out (ModelZoo's default)."""
+        return self.dropout_rate if self.embedding_dropout_rate is None else self.embedding_dropout_rate
+
 
 class ExtraAttentionParams(_Section):
     num_kv_groups: PositiveInt  # key/value heads of grouped-query attention

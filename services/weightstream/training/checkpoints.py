@@ -69,7 +69,7 @@ def hf_config(params: Params) -> dict[str, Any]:
             "layer_norm_epsilon": m.layer_norm_epsilon,
             "initializer_range": m.initializer_range,
             "resid_pdrop": m.dropout_rate,  # what the model trained with, for whoever trains it on
-            "embd_pdrop": m.dropout_rate if m.embedding_dropout_rate is None else m.embedding_dropout_rate,
+            "embd_pdrop": m.embedding_dropout,
             "attn_pdrop": 0.0,
             "scale_attn_weights": True,
             "tie_word_embeddings": m.share_embedding_weights,
