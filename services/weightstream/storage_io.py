@@ -21,19 +21,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_durably(path: Path, data: bytes) -> None:
+def write_bytes_durably(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """A reader sees the old file or the whole new one, never half of it, even after a crash; once this
-    returns, the new file survives a power loss (its directory entry is fsynced too)."""
+    returns, the new file survives a power loss (its directory entry is fsynced too). ``mode``: before
+    the umask (a user's own file, such as a tokenizer, takes 0o666 like any file they write)."""
     tmp = path.with_name(path.name + ".partial")
     tmp.unlink(missing_ok=True)  # a leftover keeps its old mode through O_TRUNC: start from a new inode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    with open(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written stays beside the file
+        raise
     fsync_dir(path.parent)  # the rename lives in the directory: without this a crash can undo it
 
 
-def write_text_durably(path: Path, text: str) -> None:
-    write_bytes_durably(path, text.encode("utf-8"))
+def write_text_durably(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    write_bytes_durably(path, text.encode("utf-8"), mode)

@@ -11,8 +11,6 @@ load.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from weightstream.data.documents import (
     find_input_files,
     read_documents,
 )
+from weightstream.storage_io import write_text_durably
 
 __all__ = [
     "EOS_CANDIDATES",
@@ -79,20 +78,11 @@ def _corpus_files(inputs: list[Path]) -> list[Path]:
     return files
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a new hidden file beside ``path``, fsync it, and rename it into place: a reader
-    never sees half a tokenizer. (Not ``mkstemp``: its 0600 would become the tokenizer's.)"""
+def _write_tokenizer(path: Path, text: str) -> None:
+    """Written aside, fsynced and renamed into place (a reader never sees half a tokenizer), with the
+    permissions of any file the user writes (0o666 less the umask)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_durably(path, text, mode=0o666)
 
 
 def train_tokenizer(
@@ -142,7 +132,7 @@ def train_tokenizer(
         raise DataPreprocessError(f"no documents: the {len(files)} corpus files hold no text")
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     assert eos_id is not None
-    _write_atomically(output, tokenizer.to_str(pretty=True))
+    _write_tokenizer(output, tokenizer.to_str(pretty=True))
     return TrainedTokenizer(output, tokenizer.get_vocab_size(), eos_id, len(files), documents)
 
 
