@@ -14,9 +14,19 @@ from typing import Any
 
 import yaml
 
-__all__ = ["JOB_COLUMNS", "cell", "dump", "human_duration", "job_row", "labels_text", "newest_first", "table"]
+__all__ = [
+    "JOB_COLUMNS",
+    "cell",
+    "density_text",
+    "dump",
+    "human_duration",
+    "job_row",
+    "labels_text",
+    "newest_first",
+    "table",
+]
 
-JOB_COLUMNS = ("NAME", "AGE", "DURATION", "PHASE", "SYSTEMS", "USER", "LABELS")
+JOB_COLUMNS = ("NAME", "AGE", "DURATION", "PHASE", "SYSTEMS", "DENSITY", "USER", "LABELS")
 GAP = "   "  # between columns: wide enough that a label value's single spaces do not read as a column
 
 
@@ -63,9 +73,18 @@ def job_row(job: Mapping[str, Any], now: float) -> list[str]:
         duration,
         cell(str(job["status"]).upper()),
         cell(job["num_csx"]),
+        density_text(job.get("density")),
         cell(job.get("user", "")),
         labels_text(job.get("labels", {})),
     ]
+
+
+def density_text(density: float | None) -> str:
+    """The model's weight density as a percentage (``100%`` dense, ``10%`` at 90% sparsity); ``-`` from
+    a service too old to say."""
+    if density is None:
+        return "-"
+    return f"{100 * density:.3g}%"
 
 
 def newest_first(jobs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

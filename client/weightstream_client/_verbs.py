@@ -81,7 +81,8 @@ def get_jobs(
 ) -> None:
     """List jobs, newest first, finished ones included.
 
-    Columns: NAME (the job id), AGE, DURATION (time spent running), PHASE, SYSTEMS (CS-2 workers), USER,
+    Columns: NAME (the job id), AGE, DURATION (time spent running), PHASE, SYSTEMS (CS-2 workers),
+    DENSITY (the share of weights that may be non-zero: 100% unless the params ask for sparsity), USER,
     LABELS; one job a line, never wrapped."""
     wanted = parse_labels(label or [])
     try:

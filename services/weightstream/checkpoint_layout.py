@@ -9,6 +9,7 @@ by MemoryX (which writes its shard's files) and by the job service (which lists 
         model.safetensors                one MemoryX shard, or
         model-0000i-of-0000K.safetensors + model.safetensors.index.json
         optimizer*.safetensors (+ index), config.json, trainer_state.json
+        sparsity_masks*.safetensors (+ index)   a sparse model's masks (bool, True = kept), if any
       .recovery_<step>/                  a recovery snapshot: the same files but config.json, written
                                          between checkpoints while a run lasts, for fault recovery only
 """
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "MASKS",
     "TRAINER_STATE",
     "checkpoint_dir",
     "checkpoint_files",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
+MASKS = "sparsity_masks"  # the file prefix of a sparse model's masks, beside "model" and "optimizer"
 _DIR = re.compile(r"^checkpoint_(\d+)$")
 _RECOVERY = re.compile(r"^\.recovery_(\d+)$")
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import grpc
 
-from weightstream.checkpoint_layout import checkpoint_files, confine_checkpoint
+from weightstream.checkpoint_layout import MASKS, checkpoint_files, confine_checkpoint
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import state_names
 from weightstream.params import load_params, model_def, optimizer_config
+from weightstream.params.sparsity import sparsity_specs
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
@@ -59,6 +60,7 @@ def build(job: JobSpec) -> MemoryXShard:
         storage_dir=storage,
         generation=job.generation,
         arena=arena,
+        sparsity=sparsity_specs(params, model),
     )
 
 
@@ -80,19 +82,25 @@ def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
 
 
 def shard_checkpoint_files(job: JobSpec, weights_only: bool) -> dict[str, list[tuple[str, list[str]]]]:
-    """This shard's files of "model" (and "optimizer", unless ``weights_only``) and the tensors in each, as
-    every shard and the coordinator compute them from the params (``checkpoint_layout.checkpoint_files``)."""
+    """This shard's files of "model" (and "optimizer", unless ``weights_only``; and the sparse tensors'
+    masks, if any) and the tensors in each, as every shard and the coordinator compute them from the params
+    (``checkpoint_layout.checkpoint_files``)."""
     params = load_params(job.params)
     model = model_def(params)
     plan = Plan.from_dict(job.plan)
-    suffixes = {"model": [""]}
+    suffixes: dict[str, tuple[list[str], int, list[str]]] = {"model": ([""], 4, list(model.specs))}
     if not weights_only:
-        suffixes["optimizer"] = [f".{s}" for s in state_names(params.optimizer.optimizer_type)]
+        ends = [f".{s}" for s in state_names(params.optimizer.optimizer_type)]
+        suffixes["optimizer"] = (ends, 4, list(model.specs))
+    sparse = list(sparsity_specs(params, model))
+    if sparse:
+        suffixes[MASKS] = ([""], 1, sparse)  # bool: one byte per entry
     out = {}
-    for prefix, ends in suffixes.items():
+    for prefix, (ends, itemsize, names) in suffixes.items():
         shards: list[list[tuple[str, int]]] = [[] for _ in range(params.runconfig.num_wgt_servers)]
-        for n, spec in model.specs.items():
-            shards[plan.tensor_shard[n]].extend((n + end, 4 * spec.numel) for end in ends)
+        for n in names:
+            numel = model.specs[n].numel
+            shards[plan.tensor_shard[n]].extend((n + end, itemsize * numel) for end in ends)
         out[prefix] = checkpoint_files(prefix, shards, params.runconfig.checkpoint_max_shard_size)[job.index]
     return out
 
@@ -159,17 +167,19 @@ class MemoryXServicer:
                 job.params["runconfig"]["model_dir"], request.directory, request.step
             )
             files = shard_checkpoint_files(job, request.weights_only)
-            model, optimizer = files["model"], files.get("optimizer", [])
+            model, optimizer, masks = files["model"], files.get("optimizer", []), files.get(MASKS, [])
             shard.write_checkpoint(
                 request.step,
                 [(directory / f, names) for f, names in model],
                 [(directory / f, names) for f, names in optimizer],
+                [(directory / f, names) for f, names in masks],
             )
         except Exception as e:
             abort_on_error(context, e)
         return pb.CheckpointReply(
             model_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in model],
             optimizer_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in optimizer],
+            mask_files=[pb.CheckpointFile(name=f, tensors=names) for f, names in masks],
         )
 
 

@@ -12,6 +12,9 @@ Where the tensors live is a ``store``: RAM (``MemoryStore``) or files read and w
 tensor or block by block, initialisation, loading and checkpoint writing included, so in disk mode the
 shard's resident memory is bounded by the tensors of one unit in flight, whatever the model's size.
 
+Sparse tensors (``sparsity``: a ``SparsitySpec`` per tensor) are held compact, their kept entries only,
+with their optimizer state and gradients alike; they travel as values plus an index (``memoryx.sparse``).
+
 Fault recovery: ``reset(generation)`` keeps the weights and optimizer state and drops the gradients of an
 interrupted step; from then on gradients, norms and updates of any other generation are refused (checked
 under the shard's lock, so a push of the old attempt can never land after the reset).
@@ -21,11 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
+from weightstream.checkpoint_layout import MASKS
+from weightstream.memoryx.sparse import SparseTensors
 from weightstream.memoryx.storage import (
     NonFiniteError,
     TensorSource,
@@ -37,6 +43,7 @@ from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import add_sq_sum, optimizer_step, state_names
+from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.transport.fencing import check_generation
 from weightstream.transport.shm import SharedArena
 from weightstream.transport.tensors import checksum
@@ -44,6 +51,11 @@ from weightstream.transport.tensors import checksum
 __all__ = ["MemoryXShard", "StaleStepError"]
 
 log = logging.getLogger("weightstream.memoryx")
+
+
+def _read_mask(path: Path, name: str) -> np.ndarray:
+    with safe_open(str(path), framework="numpy") as f:
+        return np.asarray(f.get_tensor(name), dtype=bool)
 
 
 class StaleStepError(ValueError):
@@ -62,6 +74,7 @@ class MemoryXShard:
         storage_dir: Path | None = None,
         generation: int = 0,
         arena: SharedArena | None = None,
+        sparsity: Mapping[str, SparsitySpec] | None = None,
     ) -> None:
         """``storage_dir``: keep weights, optimizer state and gradients in files there instead of RAM, so
         a shard can hold more than the machine's memory (the kernel's page cache keeps the hot part).
@@ -78,12 +91,17 @@ class MemoryXShard:
         }
         self.step = 0
         self.generation = generation
+        mine = {n: s for n, s in (sparsity or {}).items() if n in self.users}
+        self.sparse = SparseTensors(mine, {n: model.specs[n].shape for n in mine}, self._shared_arena())
         try:
             if resume_dir is None:
                 for n in self.names:  # one tensor at a time, straight into the store
-                    self.store.put(n, init_tensor(model.specs[n], seed))
+                    w = init_tensor(model.specs[n], seed)
+                    if n in self.sparse:
+                        w = self.sparse.make(n, w)  # the mask, made from (seed, name) alone
+                    self.store.put(n, w)
                     for key in self.state_keys[n]:
-                        self.store.zeros(key, model.specs[n].shape)
+                        self.store.zeros(key, w.shape)
             else:
                 self._load(resume_dir)
         except BaseException:
@@ -94,13 +112,38 @@ class MemoryXShard:
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
 
+    def _shared_arena(self) -> SharedArena | None:
+        store = self.store
+        return store.arena if isinstance(store, MemoryStore) else None
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        """What the store holds of tensor ``name`` (and its gradient): compact if sparse."""
+        return self.sparse.compact_shape(name) if name in self.sparse else self.model.specs[name].shape
+
     def _load(self, resume_dir: str) -> None:
+        masks = self._mask_files(resume_dir)
         for n, w in iter_tensors(resume_dir, "model", self.names):
+            if n in self.sparse:
+                if n in masks:
+                    self.sparse.load_mask(n, _read_mask(masks[n], n))
+                    w = self.sparse.compact(n, w)
+                else:  # a dense checkpoint made sparse: the mask from its weights (topk prunes them)
+                    w = self.sparse.make(n, w)
             self.store.put(n, w)
         keys = [k for n in self.names for k in self.state_keys[n]]
         for key, v in iter_tensors(resume_dir, "optimizer", keys):
-            self.store.put(key, v)
+            n = key.rsplit(".", 1)[0]
+            self.store.put(key, self.sparse.compact(n, v) if n in self.sparse else v)
         self.step = read_step(resume_dir)
+
+    def _mask_files(self, resume_dir: str) -> dict[str, Path]:
+        """Where the checkpoint keeps the mask of each of this shard's sparse tensors (a dense
+        checkpoint: nowhere)."""
+        found: dict[str, Path] = {}
+        for path in sorted(Path(resume_dir).glob(f"{MASKS}*.safetensors")) if self.sparse else []:
+            with safe_open(str(path), framework="numpy") as f:
+                found |= {n: path for n in f.keys() if n in self.sparse}  # noqa: SIM118 (not a dict)
+        return found
 
     def _drop_gradients(self) -> None:
         for n in self.names:
@@ -137,7 +180,13 @@ class MemoryXShard:
             missing = [n for n in names if n not in self.users]
             if missing:
                 raise KeyError(f"tensors not on this shard: {missing}")
-        return [(n, self.store.get(n)) for n in names]  # disk: read outside the lock
+        return list(self._wire(names))  # disk: read outside the lock
+
+    def _wire(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+        for n in names:
+            yield n, self.store.get(n)
+            if n in self.sparse:  # the values alone mean nothing without their index
+                yield self.sparse.index_tensor(n)
 
     @property
     def shares_weights(self) -> bool:
@@ -145,10 +194,17 @@ class MemoryXShard:
         return isinstance(self.store, MemoryStore) and self.store.arena is not None
 
     def weight(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as it is stored (compact if sparse: ``dense`` for the full tensor)."""
         return self.store.get(name)
 
+    def dense(self, key: str) -> np.ndarray:
+        """Weight or state buffer ``key`` in its dense shape (zeros at pruned entries)."""
+        name = key if key in self.users else key.rsplit(".", 1)[0]
+        value = self.store.get(key)
+        return self.sparse.dense(name, value) if name in self.sparse else value
+
     def state(self, name: str) -> dict[str, np.ndarray]:
-        """The optimizer state buffers of tensor ``name``, by torch's names."""
+        """The optimizer state buffers of tensor ``name``, by torch's names (as stored)."""
         return {key.rsplit(".", 1)[1]: self.store.get(key) for key in self.state_keys[name]}
 
     def checksums(self, tensors: Sequence[tuple[str, np.ndarray]]) -> dict[str, int]:
@@ -175,9 +231,9 @@ class MemoryXShard:
                     raise ValueError(f"unit {unit} does not use {name!r}")
                 if unit in self._pending[name]:
                     raise ValueError(f"gradient of {name!r} from unit {unit} arrived twice in step {step}")
-                if g.shape != self.model.specs[name].shape:
+                if g.shape != self._shape(name):
                     raise ValueError(
-                        f"gradient of {name!r} has shape {g.shape}, expected {self.model.specs[name].shape}"
+                        f"gradient of {name!r} has shape {g.shape}, expected {self._shape(name)}"
                     )
             for name, g in grads.items():
                 self.store.put(f"{name}.grad.{unit}", g.astype(np.float32, copy=False))
@@ -198,7 +254,7 @@ class MemoryXShard:
         parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
         if len(parts) == 1:
             return key
-        self.store.zeros(key, self.model.specs[n].shape)
+        self.store.zeros(key, self._shape(n))
 
         def add(blocks: list[np.ndarray]) -> None:
             total, first, *rest = blocks
@@ -285,6 +341,7 @@ class MemoryXShard:
         step: int,
         model_files: Sequence[tuple[Path, Sequence[str]]],
         optimizer_files: Sequence[tuple[Path, Sequence[str]]],
+        mask_files: Sequence[tuple[Path, Sequence[str]]] = (),
     ) -> None:
         """Write the weights (and optimizer state, flattened as '<tensor>.<state>') of ``step`` into the
         given files, streaming from the store. Raises ValueError naming the tensors if any value is NaN or
@@ -296,9 +353,20 @@ class MemoryXShard:
             try:
                 for path, keys in (*model_files, *optimizer_files):
                     write_safetensors(path, [self._source(k) for k in keys])
+                for path, names in mask_files:
+                    masks = [
+                        (n, self.model.specs[n].shape, lambda n=n: self.sparse.mask_blocks(n)) for n in names
+                    ]
+                    write_safetensors(path, masks, dtype="BOOL")
             except NonFiniteError as e:
                 raise ValueError(f"refusing to checkpoint step {step}: {e}") from None
 
     def _source(self, key: str) -> TensorSource:
         name = key if key in self.users else key.rsplit(".", 1)[0]
+        if name in self.sparse:  # dense, with zeros at the pruned entries
+            return (
+                key,
+                self.model.specs[name].shape,
+                lambda: self.sparse.dense_blocks(name, self.store.get(key)),
+            )
         return key, self.model.specs[name].shape, lambda: self.store.blocks(key)

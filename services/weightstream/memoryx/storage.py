@@ -27,40 +27,45 @@ from weightstream.storage_io import FILE_MODE, fsync_dir
 
 __all__ = ["NonFiniteError", "TensorSource", "iter_tensors", "load_tensors", "read_step", "write_safetensors"]
 
-# name, shape, and a function giving the tensor's float32 values flat in consecutive blocks
+# name, shape, and a function giving the tensor's values (float32, or bool for masks) flat in blocks
 TensorSource = tuple[str, tuple[int, ...], Callable[[], Iterable[np.ndarray]]]
+# the file dtypes written: safetensors' name -> numpy's (every tensor of a file has the file's dtype)
+_DTYPES: dict[str, type] = {"F32": np.float32, "BOOL": np.bool_}
 
 
 class NonFiniteError(ValueError):
     """A tensor to be written holds NaN or infinity: such a checkpoint is never written."""
 
 
-def _header(tensors: Sequence[TensorSource]) -> bytes:
+def _header(tensors: Sequence[TensorSource], dtype: str) -> bytes:
     """The safetensors header: little-endian u64 length, then JSON padded with spaces to 8 bytes."""
     meta: dict[str, object] = {"__metadata__": {"format": "pt"}}  # what from_pretrained expects
     offset = 0
+    itemsize = np.dtype(_DTYPES[dtype]).itemsize
     for name, shape, _ in tensors:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * 4
-        meta[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        meta[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(meta, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
 
 
-def write_safetensors(path: Path, tensors: Sequence[TensorSource]) -> None:
+def write_safetensors(path: Path, tensors: Sequence[TensorSource], dtype: str = "F32") -> None:
     """Write ``tensors`` to ``path`` durably (temp name, fsync, rename, fsync the directory), one block in
     memory at a time. Every value is checked on the way: if any tensor is not finite, nothing is left at
-    ``path`` and NonFiniteError names the tensors."""
+    ``path`` and NonFiniteError names the tensors. ``dtype``: "F32", or "BOOL" (masks)."""
     tmp = path.with_name(path.name + ".partial")
     tmp.unlink(missing_ok=True)
     bad: list[str] = []
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         with open(fd, "wb") as f:
-            f.write(_header(tensors))
+            f.write(_header(tensors, dtype))
             for i, (name, _, blocks) in enumerate(tensors):
-                if not _write_tensor(f, blocks):  # write nothing more, but name every bad tensor
+                if not _write_tensor(
+                    f, blocks, _DTYPES[dtype]
+                ):  # write nothing more, but name every bad tensor
                     bad = [name] + [n for n, _, rest in tensors[i + 1 :] if not _finite(rest)]
                     break
             else:
@@ -77,12 +82,12 @@ def write_safetensors(path: Path, tensors: Sequence[TensorSource]) -> None:
     fsync_dir(path.parent)
 
 
-def _write_tensor(f: BinaryIO, blocks: Callable[[], Iterable[np.ndarray]]) -> bool:
+def _write_tensor(f: BinaryIO, blocks: Callable[[], Iterable[np.ndarray]], dtype: type) -> bool:
     """Write one tensor's blocks; False (and stop) at the first block holding NaN or infinity."""
     for block in blocks():
         if not np.isfinite(block).all():
             return False
-        f.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)).cast("B"))
+        f.write(memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B"))
     return True
 
 
@@ -91,10 +96,11 @@ def _finite(blocks: Callable[[], Iterable[np.ndarray]]) -> bool:
 
 
 def iter_tensors(
-    directory: str | Path, prefix: str, names: Sequence[str]
+    directory: str | Path, prefix: str, names: Sequence[str], dtype: type = np.float32
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """The named tensors of ``prefix`` (model or optimizer) from a checkpoint, wherever they are sharded,
-    one at a time (each a fresh writable float32 array). Only the files holding them are opened."""
+    """The named tensors of ``prefix`` (model, optimizer, sparsity_masks) from a checkpoint, wherever they
+    are sharded, one at a time (each a fresh writable array of ``dtype``). Only the files holding them are
+    opened."""
     from safetensors import safe_open
 
     d = Path(directory)
@@ -116,7 +122,7 @@ def iter_tensors(
             for n in file_names:
                 if n not in have:
                     raise KeyError(f"checkpoint file {d / file} has no tensor {n!r}")
-                yield n, np.array(f.get_tensor(n), dtype=np.float32)  # a writable copy
+                yield n, np.array(f.get_tensor(n), dtype=dtype)  # a writable copy
 
 
 def read_step(directory: str | Path) -> int:

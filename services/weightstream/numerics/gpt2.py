@@ -39,6 +39,7 @@ from weightstream.numerics.layers import (
     linear_forward,
 )
 from weightstream.numerics.model import ModelDef, Params, ParamSpec
+from weightstream.numerics.sparse import matmul_any, weight_grad
 
 __all__ = ["GPT2Config", "build_gpt2"]
 
@@ -132,10 +133,12 @@ class BlockUnit:
             h1, ln1 = layer_norm_forward(x, w["ln_1.weight"], w["ln_1.bias"], self.eps)
             # Attention runs feature-major (see attention.py): c_attn writes qkv_t [3C, N] = W^T h1^T
             # directly, bias added by each product part, and c_proj reads y_t [C, N] transposed.
-            qkv_t = matmul(w["attn.c_attn.weight"].T, h1.reshape(n, c).T, bias=w["attn.c_attn.bias"][:, None])
+            qkv_t = matmul_any(
+                w["attn.c_attn.weight"].T, h1.reshape(n, c).T, bias=w["attn.c_attn.bias"][:, None]
+            )
             a_t, att = attention_forward_t(qkv_t, b, self.n_head)  # [C, N]
             # The other three biases are added by the elementwise pass that follows each product.
-            x1 = matmul(a_t.T, w["attn.c_proj.weight"]).reshape(b, t, c)
+            x1 = matmul_any(a_t.T, w["attn.c_proj.weight"]).reshape(b, t, c)
             m_attn = dropout_mask(self.attn_dropout_site, x1.shape, self.dropout_rate)  # [B, T, C] or None
             if m_attn is None:
                 x1, h2, ln2 = add_layer_norm_forward(  # x1 = attn + bias + x (residual 1), h2 = ln_2(x1)
@@ -192,17 +195,17 @@ class BlockUnit:
             else:
                 dproj = dx1
             dproj_2 = dproj.reshape(n, c)
-            grads["attn.c_proj.weight"] = matmul(a_t, dproj_2)  # [C, C]
+            grads["attn.c_proj.weight"] = weight_grad(a_t.T, dproj_2, w["attn.c_proj.weight"])  # [C, C]
             grads["attn.c_proj.bias"] = sum_rows(dproj_2)
-            da_t = matmul(w["attn.c_proj.weight"], dproj_2.T, out=ln2.xhat.reshape(c, n))  # xhat is dead
+            da_t = matmul_any(w["attn.c_proj.weight"], dproj_2.T, out=ln2.xhat.reshape(c, n))  # xhat is dead
             spare = dgdf.reshape(-1)  # dead since gelu_backward: [N, F] holds [3C, N] when F >= 3C
             dqkv_t = attention_backward_t(
                 att, da_t, out=spare[: 3 * c * n].reshape(3 * c, n) if spare.size >= 3 * c * n else None
             )
             h1_2 = h1.reshape(n, c)
-            grads["attn.c_attn.weight"] = matmul(h1_2.T, dqkv_t.T)  # [C, 3C]
+            grads["attn.c_attn.weight"] = weight_grad(h1_2, dqkv_t.T, w["attn.c_attn.weight"])  # [C, 3C]
             grads["attn.c_attn.bias"] = sum_rows(dqkv_t.T)
-            dh1 = matmul(dqkv_t.T, w["attn.c_attn.weight"].T, out=h1_2).reshape(b, t, c)  # h1 is dead
+            dh1 = matmul_any(dqkv_t.T, w["attn.c_attn.weight"].T, out=h1_2).reshape(b, t, c)  # h1 is dead
             dx, grads["ln_1.weight"], grads["ln_1.bias"] = layer_norm_backward(
                 ln1,
                 w["ln_1.weight"],
@@ -288,4 +291,4 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
         *(BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon, cfg.dropout_rate) for i in range(cfg.n_layer)),
         HeadUnit(cfg.layer_norm_epsilon, cfg.tie_word_embeddings),
     )
-    return ModelDef("gpt2", units, {s.name: s for s in specs})
+    return ModelDef("gpt2", units, {s.name: s for s in specs}, dense_only=frozenset({WTE, WPE, LM_HEAD}))

@@ -19,8 +19,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks, matmul, rows2, run_tasks, sum_rows
+from weightstream.numerics._blocked import for_row_blocks, rows2, run_tasks, sum_rows
 from weightstream.numerics.attention import AttentionSaved, attention_backward, attention_forward
+from weightstream.numerics.sparse import SparseWeight, matmul_any, weight_grad
+
+Weight = np.ndarray | SparseWeight  # a linear layer's weight: dense, or its kept entries (sparse.py)
 
 __all__ = [
     "AttentionSaved",
@@ -46,27 +49,29 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------
 # Linear (Hugging Face Conv1D layout: weight is [in, out], so y = x @ W + b)
 # ---------------------------------------------------------------------------------------------------------
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+def linear_forward(x: np.ndarray, w: Weight, b: np.ndarray | None) -> np.ndarray:
     """x [..., in] @ w [in, out] + b [out] -> [..., out]. The input itself is what backward needs.
 
-    Pass ``b=None`` and add the bias in the next elementwise pass where there is one (GELU, residual)."""
-    y = matmul(rows2(x), w, bias=b)  # [N, out]
+    Pass ``b=None`` and add the bias in the next elementwise pass where there is one (GELU, residual).
+    ``w`` may be a ``SparseWeight``: then only its kept entries are multiplied (``sparse``)."""
+    y = matmul_any(rows2(x), w, bias=b)  # [N, out]
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
 def linear_backward(
-    x: np.ndarray, w: np.ndarray, dy: np.ndarray, need_dx: bool = True, dx_out: np.ndarray | None = None
+    x: np.ndarray, w: Weight, dy: np.ndarray, need_dx: bool = True, dx_out: np.ndarray | None = None
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Returns dx [..., in] (None if not needed), dw [in, out], db [out].
+    """Returns dx [..., in] (None if not needed), dw [in, out] (a sparse ``w``: its kept entries, [nnz]),
+    db [out].
 
     dw is computed first, so ``dx_out`` may be ``x`` itself (its last use): a layer that owns its saved
     input writes dx over it instead of faulting in a fresh buffer."""
     x2, dy2 = rows2(x), rows2(dy)  # [N, in], [N, out]
-    dw = matmul(x2.T, dy2)  # [in, out]
+    dw = weight_grad(x2, dy2, w)  # [in, out]
     db = sum_rows(dy2)  # [out]
     if not need_dx:
         return None, dw, db
-    dx = matmul(dy2, w.T, out=None if dx_out is None else rows2(dx_out))  # [N, in]
+    dx = matmul_any(dy2, w.T, out=None if dx_out is None else rows2(dx_out))  # [N, in]
     return dx.reshape(*dy.shape[:-1], w.shape[0]), dw, db
 
 

@@ -313,4 +313,4 @@ def build_llama(cfg: LlamaConfig) -> ModelDef:
         *(DecoderLayerUnit(i, cfg) for i in range(cfg.num_layers)),
         HeadUnit(cfg.rms_norm_eps, cfg.tie_word_embeddings),
     )
-    return ModelDef("llama", units, {s.name: s for s in specs})
+    return ModelDef("llama", units, {s.name: s for s in specs}, dense_only=frozenset({EMBED, LM_HEAD}))

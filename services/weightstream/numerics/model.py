@@ -65,6 +65,8 @@ class ModelDef:
     family: str
     units: tuple[Unit, ...]
     specs: dict[str, ParamSpec]  # insertion order is the canonical order of tensors
+    # 2-D tensors that are not linear-layer weights (embeddings, the LM head): never sparse
+    dense_only: frozenset[str] = frozenset()
     owners: dict[str, int] = field(init=False)  # parameter name -> index of the owning unit
 
     def __post_init__(self) -> None:
@@ -85,6 +87,11 @@ class ModelDef:
 
     def unit_bytes(self, unit_index: int, itemsize: int = 4) -> int:
         return sum(self.specs[n].numel for n in self.units[unit_index].param_names) * itemsize
+
+    @property
+    def sparse_candidates(self) -> tuple[str, ...]:
+        """The tensors that may be sparse: the 2-D weights of linear layers, in canonical order."""
+        return tuple(n for n, s in self.specs.items() if len(s.shape) == 2 and n not in self.dense_only)
 
     @property
     def num_params(self) -> int:

@@ -4,6 +4,7 @@ data processor vs model), each problem carrying the path of the key a user has t
 from __future__ import annotations
 
 from weightstream.params.errors import Problem
+from weightstream.params.resolve import model_def
 from weightstream.params.schema import (
     FCMLPModelParams,
     InputParams,
@@ -13,6 +14,7 @@ from weightstream.params.schema import (
     Params,
 )
 from weightstream.params.size import num_params
+from weightstream.params.sparsity import sparsity_problems
 
 __all__ = ["cross_check"]
 
@@ -73,6 +75,8 @@ def cross_check(p: Params) -> list[Problem]:
         )
     if isinstance(m, LlamaModelParams):
         problems += _check_llama(m)
+    if p.sparsity is not None and not problems:  # the model must be buildable to resolve the globs
+        problems += sparsity_problems(p, model_def(p))
     return problems + _check_optimizer(p.optimizer)
 
 

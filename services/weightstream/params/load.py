@@ -28,6 +28,7 @@ from weightstream.params.schema import (
     Params,
     RunConfig,
     SchedulePieceParams,
+    SparsityParams,
 )
 
 __all__ = ["UNSUPPORTED", "dump_params", "load_params", "model_def", "optimizer_config", "parse_params"]
@@ -171,6 +172,8 @@ def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | Non
         return OptimizerParams
     if loc[:2] == ["optimizer", "learning_rate"] and len(loc) == 3:
         return SchedulePieceParams
+    if loc == ["sparsity"]:
+        return SparsityParams
     return RunConfig if loc == ["runconfig"] else None
 
 

@@ -13,7 +13,10 @@ _LOADER = "a PyTorch DataLoader knob; weightstream's activation servers do not u
 _LEARNED = "gpt2 uses learned position embeddings; rotary embeddings are model.name: llama"
 _MHA = "gpt2 uses multi-head attention; grouped-query attention is model.name: llama"
 UNSUPPORTED: dict[str, dict[str, str]] = {
-    "": {"sparsity": "weight sparsity is not implemented yet"},
+    "sparsity": {
+        "schedule": "dynamic sparsity (algorithm: gmp) is not implemented; only algorithm: static",
+        "update": "dynamic sparsity (algorithm: gmp) is not implemented; only algorithm: static",
+    },
     "train_input": {
         "prefetch_factor": _LOADER,
         "persistent_workers": _LOADER,

@@ -136,12 +136,14 @@ class CheckpointFile(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tensors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("model_files", "optimizer_files")
+    __slots__ = ("model_files", "optimizer_files", "mask_files")
     MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FILES_FIELD_NUMBER: _ClassVar[int]
+    MASK_FILES_FIELD_NUMBER: _ClassVar[int]
     model_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
     optimizer_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
-    def __init__(self, model_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., optimizer_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
+    mask_files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    def __init__(self, model_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., optimizer_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., mask_files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
 
 class UnitRequest(_message.Message):
     __slots__ = ("step", "unit", "phase")
@@ -160,18 +162,20 @@ class RunStepRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ...) -> None: ...
 
 class RunStepReply(_message.Message):
-    __slots__ = ("loss", "tokens", "compute_s", "wait_s", "peak_rss_bytes")
+    __slots__ = ("loss", "tokens", "compute_s", "wait_s", "peak_rss_bytes", "wire_bytes")
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     loss: float
     tokens: int
     compute_s: float
     wait_s: float
     peak_rss_bytes: int
-    def __init__(self, loss: _Optional[float] = ..., tokens: _Optional[int] = ..., compute_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
+    wire_bytes: int
+    def __init__(self, loss: _Optional[float] = ..., tokens: _Optional[int] = ..., compute_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
 
 class EvalRequest(_message.Message):
     __slots__ = ("step", "batch")

@@ -3,6 +3,10 @@
 This is what the weight-streaming appliance must reproduce: the same data, the same initial weights,
 the same gradient sums (shard by shard, in shard order) and the same optimizer. It is also a useful
 trainer on its own for models that fit in memory.
+
+Sparsity here is the plain dense way, independent of the appliance's compact storage and sparse kernels:
+dense weights multiplied by their masks (the same masks: ``make_positions``), gradients masked before the
+norm and the update, and weights and optimizer state masked again after it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from weightstream.numerics import forward_backward, forward_loss, init_params
 from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.model import accumulate_grads
 from weightstream.numerics.optim import clip_coefficient, grad_sq_sum, init_state, optimizer_step
+from weightstream.numerics.sparse_masks import make_positions
 from weightstream.params import Params, model_def, optimizer_config
+from weightstream.params.sparsity import sparsity_specs
 from weightstream.training.divergence import check_finite
 
 __all__ = ["ReferenceTrainer", "StepResult"]
@@ -39,6 +45,13 @@ class ReferenceTrainer:
         self.model = model_def(params)
         self.opt = optimizer_config(params.optimizer)
         self.weights = init_params(self.model, params.runconfig.seed)
+        self.masks: dict[str, np.ndarray] = {}  # sparse tensors: float32 1.0 where kept, 0.0 where pruned
+        for n, spec in sparsity_specs(params, self.model).items():
+            w = self.weights[n]
+            mask = np.zeros(w.size, dtype=np.float32)
+            mask[make_positions(n, w.shape, spec, w)] = 1.0
+            self.masks[n] = mask.reshape(w.shape)
+            w *= self.masks[n]
         self.state = {n: init_state(self.opt.kind, s.shape) for n, s in self.model.specs.items()}
         self.train_data = make_data_processor(params.train_input, params.model, "train")
         self.eval_data = (
@@ -65,6 +78,8 @@ class ReferenceTrainer:
         finite."""
         t0 = time.perf_counter()
         loss, grads, tokens = self.gradients(self.step)
+        for name, mask in self.masks.items():
+            grads[name] *= mask
         norm, coef = clip_coefficient((grad_sq_sum(g) for g in grads.values()), self.opt.max_gradient_norm)
         check_finite(self.step + 1, loss=loss, gradient_norm=norm)  # raises before the update
         lr = self.opt.learning_rate(self.step)
@@ -79,6 +94,9 @@ class ReferenceTrainer:
                 scale=coef,
                 weight_decay=self.opt.weight_decay_for(name),
             )
+            if name in self.masks:
+                for buf in (self.weights[name], *self.state[name].values()):
+                    buf *= self.masks[name]
         self.step += 1
         return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
 

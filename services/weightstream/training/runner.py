@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
-from weightstream.checkpoint_layout import last_checkpoint, recovery_dir
+from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
@@ -195,6 +195,8 @@ class JobRunner:
             "worker_compute_s": max(r.compute_s for r in replies),
             "update_s": 0.0,
             "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
+            # weights in and gradients out over every worker's link: falls with density (sparsity)
+            "worker_wire_bytes": sum(r.wire_bytes for r in replies),
         }
         self._applying = (step, record)
         # only the shards take part from here: a worker lost now is replaced before the next step
@@ -337,7 +339,10 @@ class JobRunner:
         files = {
             "model": [(f.name, list(f.tensors)) for r in replies for f in r.model_files],
             "optimizer": [(f.name, list(f.tensors)) for r in replies for f in r.optimizer_files],
+            MASKS: [(f.name, list(f.tensors)) for r in replies for f in r.mask_files],
         }
+        if not files[MASKS]:
+            del files[MASKS]
         state = {
             "num_csx": self.rc.num_csx,
             "num_wgt_servers": self.rc.num_wgt_servers,

@@ -40,7 +40,13 @@ CHUNK_BYTES = 4 << 20
 _ALIGN = 64  # every tensor starts on a cache line, so the receiver's views are aligned for numpy
 _LEN = struct.Struct("<I")
 NamedTensor = tuple[str, np.ndarray]
-_DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "int64": np.int64, "uint16": np.uint16}
+_DTYPES = {
+    "float32": np.float32,
+    "bfloat16": np.uint16,
+    "int64": np.int64,
+    "uint16": np.uint16,
+    "uint8": np.uint8,
+}
 
 
 class Scratch(Protocol):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Iterable
 
 import grpc
 import numpy as np
@@ -26,6 +28,7 @@ from weightstream.transport.shm import SharedArena
 from weightstream.transport.tensors import read_messages
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
+from weightstream.worker.sparse import SparseAssembler
 
 __all__ = ["ActivationClient", "SwarmParent", "WorkerServicer", "add_servicer", "build", "plan_memory"]
 
@@ -45,22 +48,35 @@ class SwarmParent:
         token: str,
         generation: int,
         shm_tag: str | None = None,
+        assemble: Callable[[Tensors], Tensors] | None = None,
     ) -> None:
         """``shm_tag``: the job's memfd tag on the shared-memory plane: weights are mapped from MemoryX and
-        gradients leave in memfds (transport/shm.py)."""
-        self.shm_tag = shm_tag
+        gradients leave in memfds (transport/shm.py). ``assemble``: turns what arrives into what the
+        units take (sparse weights: ``SparseAssembler``)."""
+        self.shm_tag, self.assemble = shm_tag, assemble
         self.arena = SharedArena(shm_tag) if shm_tag is not None else None
         channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
+        self.wire_bytes = 0  # tensor bytes received and sent so far, as they travel (bf16: 2 per value)
+        self._count = threading.Lock()  # the prefetch and push threads both count
 
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         req = pb.UnitRequest(step=step, unit=unit, phase=phase)
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
-        return read_messages(stream(self.peer, "GetUnit", it), self.shm_tag)[1]
+        tensors = read_messages(stream(self.peer, "GetUnit", it), self.shm_tag)[1]
+        self._counted(tensors.values())
+        return self.assemble(tensors) if self.assemble is not None else tensors
+
+    def _counted(self, arrays: Iterable[np.ndarray]) -> None:
+        """Add the bytes ``arrays`` take on the wire (float32 travels as bfloat16 in a bf16 job)."""
+        n = sum(a.nbytes // 2 if self.bf16 and a.dtype == np.float32 else a.nbytes for a in arrays)
+        with self._count:
+            self.wire_bytes += n
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
+        self._counted(grads.values())
         head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
         push_tensors(
             self.peer,
@@ -93,6 +109,7 @@ def build(job: JobSpec) -> WorkerEngine:
     rc = params.runconfig
     parent = plan.worker_parent[job.index]
     act = plan.worker_activation(job.index)
+    model = model_def(params)
     units = SwarmParent(
         job.addresses["swarmx"][parent],
         f"swarmx-{parent}",
@@ -102,10 +119,10 @@ def build(job: JobSpec) -> WorkerEngine:
         job.credential,
         job.generation,
         shm_tag(job),
+        SparseAssembler(model) if params.sparsity is not None else None,
     )
     address, name = job.addresses["activation"][act], f"activation-{act}"
     batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)
-    model = model_def(params)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     micro, pipelined = plan_memory(params, model, plan.num_csx, budget)
     return WorkerEngine(
@@ -139,6 +156,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     def RunStep(self, request: pb.RunStepRequest, context: grpc.ServicerContext) -> pb.RunStepReply:
         engine: WorkerEngine = self.host.logic(context)
+        before = getattr(engine.units, "wire_bytes", 0)
         try:
             r = engine.run_step(request.step)
         except Exception as e:
@@ -159,6 +177,7 @@ class WorkerServicer(rpc.WorkerServicer):
             compute_s=r.compute_s,
             wait_s=r.wait_s,
             peak_rss_bytes=r.peak_rss_bytes,
+            wire_bytes=getattr(engine.units, "wire_bytes", 0) - before,
         )
 
     def Evaluate(self, request: pb.EvalRequest, context: grpc.ServicerContext) -> pb.EvalReply:

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import TOKEN, LiveApi, ServeProcess
 from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from weightstream.numerics.sparse_masks import kept_count
 from weightstream_client import Client
 from weightstream_client._format import JOB_COLUMNS, cell, human_duration, table
 from weightstream_client.cli import app
@@ -320,3 +321,25 @@ def test_the_earlier_verb_forms_say_what_to_type_now(verb: str) -> None:
     r = wsctl("http://127.0.0.1:9", verb, "abc123")
     assert r.returncode == 2, r.stderr
     assert f"wsctl {verb} job abc123" in r.stderr
+
+
+def test_get_shows_the_model_density_of_sparse_and_dense_jobs(served: Served) -> None:
+    """DENSITY (and ``density``/``num_parameters`` in the JSON): what the params' sparsity block makes
+    of the model, 100% for a dense one."""
+    served.fleet.instant.add("dense")
+    dense = served.submit("dense")
+    sparse_params = {
+        **copy.deepcopy(TINY),
+        "sparsity": {"sparsity": 0.9, "param_filter": "*.mlp.c_fc.weight"},
+    }
+    served.fleet.instant.add("sparse")
+    sparse = served.service.submit(sparse_params, 1, {"name": "sparse"}, 2).id
+    table_rows = rows(wsctl(served.url, "get", "jobs").stdout)
+    by_id = {row[0]: dict(zip(JOB_COLUMNS, row, strict=True)) for row in table_rows[1:]}
+    listed = {j["id"]: j for j in json.loads(wsctl(served.url, "get", "jobs", "-o", "json").stdout)}
+    assert listed[dense]["density"] == 1.0 and by_id[dense]["DENSITY"] == "100%"
+    n = listed[sparse]["num_parameters"]
+    assert n == listed[dense]["num_parameters"] and n == 19_712  # TINY's weights
+    pruned = 2 * (32 * 64 - kept_count(32 * 64, 0.9))  # two c_fc weights [32, 64], 10% kept each
+    assert listed[sparse]["density"] == pytest.approx(1 - pruned / n)
+    assert by_id[sparse]["DENSITY"] == f"{100 * (1 - pruned / n):.3g}%"

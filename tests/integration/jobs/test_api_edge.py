@@ -176,7 +176,7 @@ def test_a_chunked_body_within_the_limit_reaches_the_route(served: ServeProcess)
     out = exchange(served.port, AUTH, pieces, chunked=True, pace_s=0)
     # parsed whole, params validation ran: the unknown section is named
     assert out.status == 422 and out.body["error"]["code"] == "invalid_params", out.body
-    assert out.body["error"]["details"][0]["path"] == "sparsity"
+    assert out.body["error"]["details"][0]["path"] == "sparsity.sparsity"  # the level is required
 
 
 @pytest.mark.parametrize(

@@ -388,7 +388,7 @@ def test_request_limits_and_errors(service: Service) -> None:
     r = httpx.post(
         f"{service.url}/v1/jobs", headers=h, json={"params": {**TINY, "sparsity": {}}, "num_csx": 1}
     )
-    assert r.status_code == 422 and r.json()["error"]["details"][0]["path"] == "sparsity"
+    assert r.status_code == 422 and r.json()["error"]["details"][0]["path"] == "sparsity.sparsity"
     assert httpx.get(f"{service.url}/v1/jobs/nope", headers=h).status_code == 404
     assert "weightstream_jobs" in httpx.get(f"{service.url}/metrics").text
 

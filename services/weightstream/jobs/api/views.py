@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from weightstream.jobs.limits import MAX_LABEL_LENGTH, MAX_LABELS
+from weightstream.jobs.model_summary import model_summary
 from weightstream.jobs.store import Job
 
 __all__ = [
@@ -83,9 +84,14 @@ class JobView(BaseModel):
     error: str | None
     history: list[HistoryEntry]
     params: dict[str, Any]
+    num_parameters: int = Field(description="weights in the model (0 if its params no longer load)")
+    density: float = Field(
+        description="the share of weights that may be non-zero: 1.0 dense, 0.1 at 90% sparsity"
+    )
 
     @staticmethod
     def of(job: Job) -> JobView:
+        num_parameters, density = model_summary(job.params)
         return JobView(
             id=job.id,
             status=job.status,
@@ -99,6 +105,8 @@ class JobView(BaseModel):
             error=job.error,
             history=[HistoryEntry(**h) for h in job.history],
             params=job.params,
+            num_parameters=num_parameters,
+            density=density,
         )
 
 

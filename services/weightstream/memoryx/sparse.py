@@ -1,0 +1,121 @@
+"""A MemoryX shard's sparse tensors: their masks, and the conversions between compact and dense.
+
+A sparse tensor lives in the shard's store *compact*: its kept values only, 1-D, in ascending position
+order, and so do its optimizer state and its gradients. The optimizer then runs over kept entries alone:
+a pruned weight has no value, no state and no gradient to update, so it is zero, and its state is zero,
+for the whole run by construction (and the optimizer does a density's share of the work). Dense form
+exists only at the edges: when the mask is made or loaded, and when a checkpoint is written (ordinary
+dense safetensors with zeros, which Hugging Face loads as they are, plus the masks in a file of their own).
+
+The masks are held in RAM in their wire encoding (``transport.sparse``: a bitmask or delta bytes, at most
+one bit per entry), never as positions, so a disk-mode shard's resident memory grows by at most 1/32 of
+its fp32 weights. With a shared-memory arena the encoding lives in a memfd, and co-located workers map it
+like the weights themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from weightstream.memoryx.store import BLOCK_ELEMENTS
+from weightstream.numerics.sparse_masks import SparsitySpec, make_positions
+from weightstream.transport.shm import SharedArena
+from weightstream.transport.sparse import decode_index, encode_index, index_name
+
+__all__ = ["SparseTensors"]
+
+
+class SparseTensors:
+    def __init__(
+        self,
+        specs: Mapping[str, SparsitySpec],
+        shapes: Mapping[str, tuple[int, ...]],
+        arena: SharedArena | None = None,
+    ) -> None:
+        """``specs``: the shard's sparse tensors; ``shapes``: their dense shapes."""
+        self.specs, self.shapes, self.arena = dict(specs), {n: shapes[n] for n in specs}, arena
+        self._index: dict[str, tuple[str, np.ndarray]] = {}  # name -> (kind, encoded positions)
+        self.nnz: dict[str, int] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def numel(self, name: str) -> int:
+        return int(np.prod(self.shapes[name], dtype=np.int64))
+
+    # -- masks ---------------------------------------------------------------------------------------------
+    def make(self, name: str, weight: np.ndarray) -> np.ndarray:
+        """Make ``name``'s mask from its spec (and, for the magnitude methods, ``weight``); return the
+        weight compacted to it."""
+        self._set(name, make_positions(name, self.shapes[name], self.specs[name], weight))
+        return self.compact(name, weight)
+
+    def load_mask(self, name: str, mask: np.ndarray) -> None:
+        """Take ``name``'s mask from a checkpoint (bool, its dense shape)."""
+        if mask.shape != self.shapes[name]:
+            raise ValueError(f"mask of {name!r} has shape {mask.shape}, the tensor {self.shapes[name]}")
+        self._set(name, np.flatnonzero(mask.reshape(-1)))
+
+    def _set(self, name: str, positions: np.ndarray) -> None:
+        kind, data = encode_index(positions, self.numel(name))
+        if self.arena is not None and data.nbytes:
+            shared = self.arena.empty(data.shape, np.uint8)
+            shared[...] = data
+            data = shared
+        self._index[name] = (kind, data)
+        self.nnz[name] = len(positions)
+
+    def positions(self, name: str) -> np.ndarray:
+        kind, data = self._index[name]
+        return decode_index(name, kind, data, self.numel(name), self.nnz[name])
+
+    def index_tensor(self, name: str) -> tuple[str, np.ndarray]:
+        """(wire name, bytes) of ``name``'s index: what travels beside its values."""
+        kind, data = self._index[name]
+        return index_name(name, kind), data
+
+    # -- compact <-> dense ---------------------------------------------------------------------------------
+    def compact_shape(self, name: str) -> tuple[int, ...]:
+        return (self.nnz[name],)
+
+    def compact(self, name: str, dense: np.ndarray) -> np.ndarray:
+        """The kept entries of ``dense`` (its dense shape), 1-D: what the store holds."""
+        return np.ascontiguousarray(dense.reshape(-1)[self.positions(name)], dtype=np.float32)
+
+    def dense(self, name: str, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.numel(name), dtype=np.float32)
+        out[self.positions(name)] = values
+        return out.reshape(self.shapes[name])
+
+    def dense_blocks(self, name: str, values: np.ndarray) -> Iterator[np.ndarray]:
+        """``values`` scattered into the dense tensor, flat, in blocks of ``BLOCK_ELEMENTS`` (zeros
+        elsewhere): a checkpoint file's bytes of the tensor, one block in memory at a time."""
+        positions = self.positions(name)
+        numel = self.numel(name)
+        block = np.empty(min(numel, BLOCK_ELEMENTS), dtype=np.float32)
+        for start in range(0, numel, BLOCK_ELEMENTS):
+            out = block[: min(BLOCK_ELEMENTS, numel - start)]
+            lo, hi = np.searchsorted(positions, [start, start + len(out)])
+            out[...] = 0.0
+            out[positions[lo:hi] - start] = values[lo:hi]
+            yield out
+
+    def mask_blocks(self, name: str) -> Iterator[np.ndarray]:
+        """The mask (True = kept), flat, in blocks of ``BLOCK_ELEMENTS``."""
+        positions = self.positions(name)
+        numel = self.numel(name)
+        for start in range(0, numel, BLOCK_ELEMENTS):
+            out = np.zeros(min(BLOCK_ELEMENTS, numel - start), dtype=bool)
+            lo, hi = np.searchsorted(positions, [start, start + len(out)])
+            out[positions[lo:hi] - start] = True
+            yield out
+
+    def density(self) -> float:
+        """Kept entries over all entries of this shard's sparse tensors."""
+        total = sum(self.numel(n) for n in self.specs)
+        return sum(self.nnz.values()) / total if total else 1.0

@@ -1,0 +1,208 @@
+"""Weight sparsity end to end: `weightstream run` with ModelZoo's sparsity block, real processes.
+
+The reference is ``ReferenceTrainer``: dense weights times masks, dense gradients masked, an independent
+path from the appliance's compact MemoryX storage, compressed wire format and sparse kernels."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from numpy.testing import assert_allclose
+from safetensors.numpy import load_file
+
+from tests.integration.appliance import metrics, run
+from weightstream.numerics import ModelDef
+from weightstream.numerics.sparse import use_sparse_kernels
+from weightstream.numerics.sparse_masks import kept_count
+from weightstream.params import load_params, model_def
+from weightstream.training.reference import ReferenceTrainer
+from weightstream.transport.sparse import encode_index
+
+LOSS_RTOL = 2e-5  # float32 sums in another order than the reference (see test_appliance.py)
+# Large enough that the rule sends some products through the sparse kernels (checked below), small
+# enough for seconds per run.
+SPARSE_GPT2: dict[str, Any] = {
+    "train_input": {
+        "data_processor": "SyntheticDataProcessor",
+        "batch_size": 8,
+        "max_sequence_length": 32,
+        "shuffle_seed": 3,
+    },
+    "eval_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 8, "max_sequence_length": 32},
+    "model": {
+        "name": "gpt2",
+        "vocab_size": 128,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_heads": 4,
+        "filter_size": 512,
+        "max_position_embeddings": 32,
+    },
+    "optimizer": {
+        "optimizer_type": "adamw",
+        "learning_rate": 3e-3,
+        "max_gradient_norm": 1.0,
+        "weight_decay": 0.01,
+    },
+    "runconfig": {"max_steps": 12, "log_steps": 1, "eval_steps": 2, "seed": 7, "num_wgt_servers": 2},
+    "sparsity": {"sparsity": 0.9, "init_method": "random"},
+}
+
+
+def _write(tmp: Path, **runconfig: Any) -> Path:
+    p = json.loads(json.dumps(SPARSE_GPT2))
+    p["runconfig"].update(runconfig)
+    path = tmp / f"params-{len(list(tmp.glob('params*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(p))
+    return path
+
+
+def _tensors(checkpoint: Path, prefix: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for f in sorted(checkpoint.glob(f"{prefix}*.safetensors")):
+        out |= load_file(f)
+    return out
+
+
+def _expected_wire_bytes(model: ModelDef, masks: dict[str, np.ndarray], num_csx: int) -> int:
+    """Weights in (every unit forward; every unit but the last, kept from forward, backward) and gradients
+    out, per step, over ``num_csx`` workers: a sparse weight as fp32 values plus its index, a sparse
+    gradient as values alone."""
+
+    def weight(n: str) -> int:
+        if n not in masks:
+            return 4 * model.specs[n].numel
+        kept = np.flatnonzero(masks[n])
+        return 4 * len(kept) + len(encode_index(kept, masks[n].size)[1])
+
+    def grad(n: str) -> int:
+        return 4 * (int(np.count_nonzero(masks[n])) if n in masks else model.specs[n].numel)
+
+    units = model.units
+    forward = sum(weight(n) for u in units for n in u.param_names)
+    backward = sum(weight(n) for u in units[:-1] for n in u.param_names)
+    return num_csx * (forward + backward + sum(grad(n) for u in units for n in u.param_names))
+
+
+def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_transformers(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch", reason="pip install -e .[test]")
+    transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
+    params_path = _write(tmp_path)
+    params = load_params(params_path)
+    model = model_def(params)
+    sparse_kernels = [n for n in model.sparse_candidates if use_sparse_kernels(model.specs[n].shape, 0.1)]
+    assert sparse_kernels, "the rule sends none of this model's products through the sparse kernels"
+    r = run(params_path, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, evals = metrics(tmp_path / "m")
+    assert losses[12] < 0.8 * losses[1]  # it learns
+    trainer = ReferenceTrainer(params, num_shards=2)
+    for step in range(1, 13):
+        assert_allclose(losses[step], trainer.train_step().loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
+    assert_allclose(evals[12], trainer.evaluate(), rtol=LOSS_RTOL)
+    ckpt = tmp_path / "m" / "checkpoint_12"
+    weights, masks = _tensors(ckpt, "model"), _tensors(ckpt, "sparsity_masks")
+    blocks = [n for n, w in weights.items() if w.ndim == 2 and n.startswith("transformer.h.")]
+    assert len(blocks) == 8 and set(masks) == set(blocks)
+    for n in blocks:  # at most 10% non-zeros, exactly where the mask keeps
+        assert np.count_nonzero(weights[n]) <= 0.1 * weights[n].size, n
+        assert not weights[n][~masks[n]].any() and np.count_nonzero(masks[n]) == kept_count(
+            weights[n].size, 0.9
+        )
+        # Adam divides by sqrt(v): float32 differences of tiny gradients move a weight by up to ~1e-3 of
+        # an lr step (3e-3); far below what a mask or kernel error would
+        assert_allclose(weights[n], trainer.weights[n], rtol=1e-3, atol=2e-5, err_msg=n)
+    for n in ("transformer.wte.weight", "transformer.wpe.weight"):
+        assert np.count_nonzero(weights[n]) == weights[n].size  # embeddings stay dense
+    # only the kept values (and their index) travel: the workers' bytes are exactly what the masks give
+    rows = [json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    wire = {r["step"]: r["worker_wire_bytes"] for r in rows if "worker_wire_bytes" in r}
+    assert set(wire.values()) == {_expected_wire_bytes(model, masks, num_csx=2)}
+    dense_bytes = _expected_wire_bytes(model, {}, num_csx=2)
+    assert wire[12] < 0.4 * dense_bytes  # TINY-ish: the dense embeddings weigh a lot here
+    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt).eval()
+    hf_losses = []
+    for b in range(params.runconfig.eval_steps):
+        x, y = trainer.eval_data.global_batch(b)
+        with torch.no_grad():
+            logits = hf(torch.as_tensor(x)).logits
+        hf_losses.append(
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)
+            ).item()
+        )
+    assert_allclose(np.mean(hf_losses), evals[12], rtol=1e-5)
+
+
+def test_sparse_runs_are_bitwise_reproducible_across_data_planes_and_masks_survive_resume(
+    tmp_path: Path,
+) -> None:
+    """The same params twice (shared memory, then gRPC as on Kubernetes) give the same bytes; a resume
+    from the step-4 checkpoint on one worker, then on four, keeps the masks and the loss curve."""
+    a = tmp_path / "a"
+    params = _write(tmp_path, max_steps=8, checkpoint_steps=4, data_plane="shared_memory")
+    assert run(params, a, "--num_csx", "2").returncode == 0
+    b = tmp_path / "b"
+    assert (
+        run(
+            _write(tmp_path, max_steps=8, checkpoint_steps=4, data_plane="grpc"), b, "--num_csx", "2"
+        ).returncode
+        == 0
+    )
+    files = sorted(p.name for p in (a / "checkpoint_8").glob("*.safetensors"))
+    assert any(f.startswith("sparsity_masks") for f in files)
+    for f in files:
+        assert (a / "checkpoint_8" / f).read_bytes() == (b / "checkpoint_8" / f).read_bytes(), f
+    full, _ = metrics(a)
+    for n in ("1", "4"):
+        resumed = tmp_path / f"resumed{n}"
+        resumed.mkdir()
+        shutil.copytree(a / "checkpoint_4", resumed / "checkpoint_4")
+        r = run(params, resumed, "--num_csx", n)
+        assert r.returncode == 0, r.stderr
+        after, _ = metrics(resumed)
+        assert sorted(after) == [5, 6, 7, 8]
+        for step in after:
+            assert_allclose(after[step], full[step], rtol=LOSS_RTOL, err_msg=f"step {step} resumed on {n}")
+        masks, original = (
+            _tensors(resumed / "checkpoint_8", "sparsity_masks"),
+            _tensors(a / "checkpoint_8", "sparsity_masks"),
+        )
+        assert masks.keys() == original.keys()
+        for name, mask in masks.items():
+            assert np.array_equal(mask, original[name]), name
+        weights = _tensors(resumed / "checkpoint_8", "model")
+        for name, mask in masks.items():
+            assert not weights[name][~mask].any(), name
+        state = _tensors(resumed / "checkpoint_8", "optimizer")
+        for name, mask in masks.items():  # pruned entries' optimizer state: zero after four more steps
+            assert not state[f"{name}.exp_avg"][~mask].any() and not state[f"{name}.exp_avg_sq"][~mask].any()
+
+
+def test_sparse_training_with_disk_memoryx_and_bfloat16_keeps_pruned_weights_zero(tmp_path: Path) -> None:
+    p = json.loads(json.dumps(SPARSE_GPT2))
+    p["model"]["fp16_type"] = "bfloat16"
+    p["runconfig"] |= {"max_steps": 6, "memoryx_storage": "disk"}
+    p["sparsity"] = {"sparsity": {"*.mlp.*": 0.95, "*.attn.c_attn.*": 0.5}, "init_method": "topk"}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(p))
+    r = run(path, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, _ = metrics(tmp_path / "m")
+    assert losses[6] < losses[1]
+    weights = _tensors(tmp_path / "m" / "checkpoint_6", "model")
+    masks = _tensors(tmp_path / "m" / "checkpoint_6", "sparsity_masks")
+    assert len(masks) == 6  # two blocks x (c_fc, mlp c_proj, c_attn); attn.c_proj matches no glob: dense
+    assert np.count_nonzero(weights["transformer.h.0.attn.c_proj.weight"]) == 128 * 128
+    for name, mask in masks.items():
+        level = 0.95 if ".mlp." in name else 0.5
+        assert np.count_nonzero(mask) == kept_count(mask.size, level), name
+        assert not weights[name][~mask].any(), name

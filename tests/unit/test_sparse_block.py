@@ -1,0 +1,70 @@
+"""A GPT-2 block with sparse weights: the same forward and gradients as the dense block on the masked
+weights, gradients of sparse weights as their kept entries only, and no dense product of a sparse weight
+anywhere (the worker skips the zeros)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from weightstream.numerics import sparse as sparse_module
+from weightstream.numerics.gpt2 import BlockUnit
+from weightstream.numerics.sparse import SparseWeight, use_sparse_kernels
+from weightstream.numerics.sparse_masks import SparsitySpec, make_positions
+
+C, F, H = 256, 1024, 4  # the smallest width at which the rule sends every block weight to the kernels
+
+
+def _block_params(rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict[str, SparseWeight]]:
+    p = "transformer.h.0."
+    shapes = {
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_proj.weight": (C, C),
+        "mlp.c_fc.weight": (C, F),
+        "mlp.c_proj.weight": (F, C),
+    }
+    dense: dict[str, np.ndarray] = {}
+    for k, n in (("ln_1", C), ("ln_2", C)):
+        dense[p + k + ".weight"] = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        dense[p + k + ".bias"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    for k, n in (("attn.c_attn", 3 * C), ("attn.c_proj", C), ("mlp.c_fc", F), ("mlp.c_proj", C)):
+        dense[p + k + ".bias"] = (0.02 * rng.standard_normal(n)).astype(np.float32)
+    sparse: dict[str, SparseWeight] = {}
+    for k, shape in shapes.items():
+        w = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        pos = make_positions(p + k, shape, SparsitySpec(0.9, "random", seed=5), w)
+        sparse[p + k] = SparseWeight.from_positions(shape, pos, w.reshape(-1)[pos])
+        assert use_sparse_kernels(shape, sparse[p + k].density), k
+    return dense, sparse
+
+
+def test_sparse_block_equals_the_dense_block_on_masked_weights_without_dense_products(
+    rng, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block = BlockUnit(0, H, 1e-5)
+    dense, sparse = _block_params(rng)
+    masked = {**dense, **{n: w.dense().copy() for n, w in sparse.items()}}
+    x = rng.standard_normal((2, 64, C)).astype(np.float32)
+    dy = rng.standard_normal((2, 64, C)).astype(np.float32)
+    y_ref, saved = block.forward(masked, x)
+    dx_ref, g_ref = block.backward(masked, saved, dy.copy())
+
+    def no_dense(*args: object, **kwargs: object) -> np.ndarray:
+        raise AssertionError("a dense product of a sparse weight")
+
+    monkeypatch.setattr(sparse_module, "matmul", no_dense)  # sparse.py's only way to a dense product
+    y, saved = block.forward({**dense, **sparse}, x)
+    dx, g = block.backward({**dense, **sparse}, saved, dy.copy())
+    close(y, y_ref, "y")
+    close(dx, dx_ref, "dx")
+    for n, w in sparse.items():
+        assert g[n].shape == (w.nnz,)  # the kept entries only: what goes back on the wire
+        close(g[n], g_ref[n].reshape(-1)[w.positions], n)
+    for n in dense:
+        close(g[n], g_ref[n], n)
+
+
+def close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """float32 sums in another order: within 1e-5 of the tensor's largest magnitude, entry by entry."""
+    assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()), err_msg=what)
