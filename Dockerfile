@@ -20,6 +20,9 @@ RUN /opt/weightstream/bin/pip install --no-cache-dir --only-binary=:all: ".[kube
 FROM python:3.11-slim
 COPY --from=build /opt/weightstream /opt/weightstream
 ENV PATH=/opt/weightstream/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# the sparse kernels' compiled code: the install is read-only to the user, a pod's /tmp is its writable
+# emptyDir (without a writable cache numba compiles in memory in every process: ~4 s, not an error)
+ENV NUMBA_CACHE_DIR=/tmp/numba
 RUN useradd --create-home --uid 10001 weightstream
 USER 10001
 WORKDIR /home/weightstream

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from numpy.testing import assert_allclose
+from safetensors.numpy import load_file
 
 from tests.integration.appliance import metrics, run
 from weightstream.params import load_params
@@ -137,3 +138,38 @@ def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> N
         losses, _ = metrics(tmp_path / f"m{n}")
         for step, loss in ref.items():
             assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}, num_csx={n}")
+
+
+def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(tmp_path: Path) -> None:
+    """90% sparse (balanced-topk) q/k/v/o/gate/up/down on two workers: the reference's loss curve, pruned
+    weights zero in the checkpoint, and LlamaForCausalLM computes weightstream's eval loss from it."""
+    torch = pytest.importorskip("torch", reason="pip install -e .[test]")
+    transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
+    params_path = _llama(tmp_path, max_steps=10)
+    raw = yaml.safe_load(params_path.read_text())
+    raw["sparsity"] = {"sparsity": 0.9, "init_method": "balanced-topk"}
+    params_path.write_text(yaml.safe_dump(raw))
+    r = run(params_path, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, evals = metrics(tmp_path / "m")
+    params = load_params(params_path)
+    trainer = ReferenceTrainer(params, num_shards=2)
+    for step in range(1, 11):
+        assert_allclose(losses[step], trainer.train_step().loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
+    assert losses[10] < losses[1]
+    ckpt = tmp_path / "m" / "checkpoint_10"
+    weights = {k: v for f in ckpt.glob("model*.safetensors") for k, v in load_file(f).items()}
+    masks = {k: v for f in ckpt.glob("sparsity_masks*.safetensors") for k, v in load_file(f).items()}
+    assert len(masks) == 2 * 7  # q, k, v, o, gate, up, down of both layers
+    for n, mask in masks.items():
+        assert not weights[n][~mask].any(), n
+        assert (mask.sum(axis=1) == mask[0].sum()).all(), n  # balanced: every row keeps as many
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    assert trainer.eval_data is not None
+    hf = []
+    for b in range(4):
+        x, y = trainer.eval_data.global_batch(b)
+        with torch.no_grad():
+            logits = model(torch.as_tensor(x)).logits
+        hf.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), torch.as_tensor(y).reshape(-1)))
+    assert_allclose(float(np.mean(hf)), evals[10], rtol=1e-4)

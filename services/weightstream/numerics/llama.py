@@ -33,6 +33,7 @@ from weightstream.numerics.llama_layers import (
     swiglu_forward,
 )
 from weightstream.numerics.model import ModelDef, Params, ParamSpec
+from weightstream.numerics.sparse import SparseWeight, matmul_any, weight_grad
 
 __all__ = ["LlamaConfig", "build_llama"]
 
@@ -142,7 +143,7 @@ class DecoderLayerUnit:
             qkv_t = np.empty((3 * c, n), dtype=x.dtype)
             kv_t = qkv_t[c:] if self.n_rep == 1 else np.empty((2 * kvd, n), dtype=x.dtype)  # [2 KV D, N]
             for rows, proj in ((qkv_t[:c], "q_proj"), (kv_t[:kvd], "k_proj"), (kv_t[kvd:], "v_proj")):
-                matmul(
+                matmul_any(
                     w[f"self_attn.{proj}.weight"],
                     h1_t,
                     out=rows,
@@ -154,15 +155,17 @@ class DecoderLayerUnit:
                 repeat_kv_t(kv_t[:kvd], self.n_rep, hd, out=qkv_t[c : 2 * c])
                 repeat_kv_t(kv_t[kvd:], self.n_rep, hd, out=qkv_t[2 * c :])
             a_t, att = attention_forward_t(qkv_t, b, self.n_head)  # [C, N]
-            x1 = matmul(a_t.T, w["self_attn.o_proj.weight"].T).reshape(b, t, c)
+            x1 = matmul_any(a_t.T, w["self_attn.o_proj.weight"].T).reshape(b, t, c)
             x1, h2, rms2 = add_rms_norm_forward(  # x1 = attn (+ o bias) + x (residual 1), h2 = norm(x1)
                 x1, self._bias(w, "self_attn.o_proj"), x, w["post_attention_layernorm.weight"], self.eps
             )
             h2_2 = h2.reshape(n, c)
-            gate = matmul(h2_2, w["mlp.gate_proj.weight"].T, bias=self._bias(w, "mlp.gate_proj"))  # [N, F]
-            up = matmul(h2_2, w["mlp.up_proj.weight"].T, bias=self._bias(w, "mlp.up_proj"))  # [N, F]
+            gate = matmul_any(
+                h2_2, w["mlp.gate_proj.weight"].T, bias=self._bias(w, "mlp.gate_proj")
+            )  # [N, F]
+            up = matmul_any(h2_2, w["mlp.up_proj.weight"].T, bias=self._bias(w, "mlp.up_proj"))  # [N, F]
             m = swiglu_forward(gate, up)  # [N, F]
-            y = matmul(m, w["mlp.down_proj.weight"].T).reshape(b, t, c)
+            y = matmul_any(m, w["mlp.down_proj.weight"].T).reshape(b, t, c)
             add_residual(y, x1, self._bias(w, "mlp.down_proj"))  # residual 2
         return y, (rms1, h1, att, a_t, rms2, h2, gate, up, m)
 
@@ -178,17 +181,18 @@ class DecoderLayerUnit:
         grads: dict[str, np.ndarray] = {}
         with single_threaded_blas():
             # MLP branch. HF's [out, in] layout: dW = dout^T @ in.
-            grads["mlp.down_proj.weight"] = matmul(dy2.T, m)  # [C, F]
-            dm = matmul(dy2, w["mlp.down_proj.weight"], out=m)  # [N, F]; m is dead
+            # A sparse weight's gradient is its kept entries only (``weight_grad``).
+            grads["mlp.down_proj.weight"] = weight_grad(dy2, m, w["mlp.down_proj.weight"])  # [C, F]
+            dm = matmul_any(dy2, w["mlp.down_proj.weight"], out=m)  # [N, F]; m is dead
             dgate, dup = swiglu_backward(gate, up, dm, out=(gate, up))
-            grads["mlp.gate_proj.weight"] = matmul(dgate.T, h2_2)  # [F, C]
-            grads["mlp.up_proj.weight"] = matmul(dup.T, h2_2)
+            grads["mlp.gate_proj.weight"] = weight_grad(dgate, h2_2, w["mlp.gate_proj.weight"])  # [F, C]
+            grads["mlp.up_proj.weight"] = weight_grad(dup, h2_2, w["mlp.up_proj.weight"])
             if self.mlp_bias:
                 grads["mlp.down_proj.bias"] = sum_rows(dy2)
                 grads["mlp.gate_proj.bias"] = sum_rows(dgate)
                 grads["mlp.up_proj.bias"] = sum_rows(dup)
-            dh2 = matmul(dgate, w["mlp.gate_proj.weight"], out=h2_2)  # [N, C]; h2 is dead
-            add_residual(dh2, matmul(dup, w["mlp.up_proj.weight"]))
+            dh2 = matmul_any(dgate, w["mlp.gate_proj.weight"], out=h2_2)  # [N, C]; h2 is dead
+            add_residual(dh2, matmul_any(dup, w["mlp.up_proj.weight"]))
             dx1, grads["post_attention_layernorm.weight"] = rms_norm_backward(
                 rms2,
                 w["post_attention_layernorm.weight"],
@@ -198,10 +202,12 @@ class DecoderLayerUnit:
             )
             # attention branch, feature-major like its forward
             dx1_2 = dx1.reshape(n, c)
-            grads["self_attn.o_proj.weight"] = matmul(dx1_2.T, a_t.T)  # [C, C]
+            grads["self_attn.o_proj.weight"] = weight_grad(
+                dx1_2, a_t.T, w["self_attn.o_proj.weight"]
+            )  # [C, C]
             if self.attn_bias:
                 grads["self_attn.o_proj.bias"] = sum_rows(dx1_2)
-            da_t = matmul(w["self_attn.o_proj.weight"].T, dx1_2.T, out=a_t)  # [C, N]; a_t is dead
+            da_t = matmul_any(w["self_attn.o_proj.weight"].T, dx1_2.T, out=a_t)  # [C, N]; a_t is dead
             dqkv_t = attention_backward_t(att, da_t)  # [3C, N]
             # Back through the repeat and the rotations into d_t [C + 2 KV D, N] (q|k|v, KV heads). The
             # attention's saved input is dead now: with n_rep > 1 its first rows hold d_t.
@@ -213,13 +219,22 @@ class DecoderLayerUnit:
             rope_backward_t(d_t[c : c + kvd], b, hd, self.theta, out=d_t[c : c + kvd])
             parts = (("q_proj", slice(0, c)), ("k_proj", slice(c, c + kvd)), ("v_proj", slice(c + kvd, None)))
             for proj, rows in parts:
-                grads[f"self_attn.{proj}.weight"] = matmul(d_t[rows], h1_2)  # [out, C]
+                grads[f"self_attn.{proj}.weight"] = weight_grad(
+                    d_t[rows].T, h1_2, w[f"self_attn.{proj}.weight"]
+                )
                 if self.attn_bias:
                     grads[f"self_attn.{proj}.bias"] = sum_rows(d_t[rows].T)
             # dh1 = d_t^T @ [Wq; Wk; Wv]: one product over the stacked weights (a copy of C + 2 KV D rows)
-            # instead of three products and two passes to add them.
-            w_qkv = np.concatenate([w[f"self_attn.{proj}.weight"] for proj, _ in parts])
-            dh1 = matmul(d_t.T, w_qkv, out=h1_2).reshape(b, t, c)  # h1 is dead
+            # instead of three products and two passes to add them; sparse weights do not stack: three
+            # products over their kept entries, added
+            qkv = [w[f"self_attn.{proj}.weight"] for proj, _ in parts]
+            if any(isinstance(wp, SparseWeight) for wp in qkv):
+                dh1 = matmul_any(d_t[parts[0][1]].T, qkv[0], out=h1_2)
+                for (_, rows), wp in zip(parts[1:], qkv[1:], strict=True):
+                    dh1 += matmul_any(d_t[rows].T, wp)
+                dh1 = dh1.reshape(b, t, c)
+            else:
+                dh1 = matmul(d_t.T, np.concatenate(qkv), out=h1_2).reshape(b, t, c)  # h1 is dead
             dx, grads["input_layernorm.weight"] = rms_norm_backward(
                 rms1,
                 w["input_layernorm.weight"],

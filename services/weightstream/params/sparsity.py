@@ -17,8 +17,8 @@ from weightstream.params.schema import Params
 
 __all__ = ["SPARSE_FAMILIES", "model_density", "sparsity_problems", "sparsity_specs"]
 
-# the models whose units multiply through the sparse kernels (llama's fused q/k/v backward does not yet)
-SPARSE_FAMILIES = ("gpt2", "fc_mlp")
+# the models whose units multiply their linear weights through ``matmul_any``/``weight_grad``
+SPARSE_FAMILIES = ("gpt2", "llama", "fc_mlp")
 
 
 def sparsity_specs(p: Params, model: ModelDef) -> dict[str, SparsitySpec]:
