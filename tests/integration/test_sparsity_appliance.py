@@ -6,7 +6,11 @@ path from the appliance's compact MemoryX storage, compressed wire format and sp
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import time
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +210,30 @@ def test_sparse_training_with_disk_memoryx_and_bfloat16_keeps_pruned_weights_zer
         level = 0.95 if ".mlp." in name else 0.5
         assert np.count_nonzero(mask) == kept_count(mask.size, level), name
         assert not weights[name][~mask].any(), name
+
+
+@pytest.mark.slow
+def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path) -> None:
+    """Masks are rebuilt from the recovery snapshot by a replaced MemoryX shard and the worker's index
+    structure by a replaced worker: the end result is the fault-free run's, bit for bit."""
+    faults = import_module("tests.integration.test_faults")
+    params = _write(tmp_path, max_steps=30, recovery_snapshot_steps=5, rpc_timeout_s=8.0, num_csx=2)
+    straight = tmp_path / "straight"
+    assert run(params, straight, "--num_csx", "2").returncode == 0
+    model_dir = tmp_path / "faulty"
+    proc = faults._start(params, model_dir)
+    try:
+        for step, role in ((12, "memoryx-1"), (21, "worker-0")):
+            while faults._steps_logged(model_dir) < step:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.01)
+            os.kill(faults._pid(model_dir, role), signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "restart 2/" in out
+    faults._assert_bitwise_equal(model_dir / "checkpoint_30", straight / "checkpoint_30")
+    assert any(p.name.startswith("sparsity_masks") for p in (model_dir / "checkpoint_30").iterdir())
+    assert faults._losses(model_dir) == faults._losses(straight)
