@@ -30,6 +30,13 @@ out = Console()
 ParamsArg = Annotated[Path, typer.Argument(help="params YAML (ModelZoo layout)", show_default=False)]
 NumCsx = Annotated[int | None, typer.Option("--num_csx", help="CS-2 workers (overrides runconfig.num_csx)")]
 MaxSteps = Annotated[int | None, typer.Option("--max_steps", help="overrides runconfig.max_steps")]
+CheckpointPath = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoint_path",
+        help="a Hugging Face save_pretrained directory to start from (overrides runconfig.checkpoint_path)",
+    ),
+]
 
 
 def _load(path: Path, **overrides: Any) -> Params:
@@ -50,10 +57,21 @@ def _main(
 
 
 @app.command()
-def validate(params: ParamsArg, num_csx: NumCsx = None) -> None:
-    """Check a params file without running anything; exit 2 listing every problem."""
-    p = _load(params, num_csx=num_csx)
+def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: CheckpointPath = None) -> None:
+    """Check a params file (and the checkpoint it starts from, if any) without running anything; exit 2
+    listing every problem."""
+    p = _load(params, num_csx=num_csx, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
     model = model_def(p)
+    if p.runconfig.checkpoint_path is not None:
+        from weightstream.hf_checkpoint import StartCheckpointError
+        from weightstream.training.hf_start import check_start_checkpoint
+
+        try:
+            for note in check_start_checkpoint(p, model, p.runconfig.checkpoint_path):
+                out.print(note, highlight=False)
+        except StartCheckpointError as e:
+            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
     out.print(
         f"[green]ok[/green] {params}: {p.model.name}, {model.num_params:,} parameters in "
         f"{len(model.units)} streamable units, num_csx={p.runconfig.num_csx}, "
@@ -108,12 +126,22 @@ ModelDir = Annotated[Path | None, typer.Option("--model_dir", help="overrides ru
 
 @app.command()
 def run(
-    params: ParamsArg, num_csx: NumCsx = None, max_steps: MaxSteps = None, model_dir: ModelDir = None
+    params: ParamsArg,
+    num_csx: NumCsx = None,
+    max_steps: MaxSteps = None,
+    model_dir: ModelDir = None,
+    checkpoint_path: CheckpointPath = None,
 ) -> None:
     """Train on the appliance: every role a local process talking gRPC over loopback."""
     from weightstream.console import run_local  # keeps `--help` fast
 
-    p = _load(params, num_csx=num_csx, max_steps=max_steps, model_dir=str(model_dir) if model_dir else None)
+    p = _load(
+        params,
+        num_csx=num_csx,
+        max_steps=max_steps,
+        model_dir=str(model_dir) if model_dir else None,
+        checkpoint_path=str(checkpoint_path.resolve()) if checkpoint_path else None,
+    )
     raise typer.Exit(run_local(p, out, err))
 
 

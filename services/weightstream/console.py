@@ -73,6 +73,8 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         if kind == "status" and e["status"] == "starting":
             roles = ", ".join(f"{n} {k}" for k, n in e["roles"].items())
             progress.console.print(f"starting {roles} as local processes (logs in {model_dir / 'logs'})")
+        elif kind == "status" and e["status"] == "starting_from":
+            progress.console.print(f"starting from the weights of {e['checkpoint']}")
         elif kind == "status" and e["status"] == "resuming":
             progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
             progress.update(task, completed=e["step"])

@@ -2,7 +2,7 @@
 
 A job reads its data with the service's rights and can carry what it read out in the checkpoint it trains,
 so a path a REST or gRPC user names (``train_input.data_dir``, ``eval_input.data_dir``, each
-``mixture[i].data_dir``) must resolve, every
+``mixture[i].data_dir``, and ``runconfig.checkpoint_path``, a model to start from) must resolve, every
 symlink followed, inside one of the roots an operator chose (``serve --data-root``). The answer to a path
 outside them is one message, the same whether or not the path exists, given before anything about it is
 looked at; a data file inside a root that is a link leading out is refused too. The job's params then
@@ -25,6 +25,7 @@ __all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_root
 
 # what the file data processors read from a data_dir (data/processors.py): the files whose links are checked
 _DATA_FILES = ("*.txt", "*.bin", "*.h5")
+_CHECKPOINT_FILES = ("*.safetensors", "*.json")  # what a starting checkpoint's directory is read for
 _FILE_PROCESSORS = ("TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor")
 
 
@@ -57,7 +58,9 @@ def resolve_data_roots(roots: Sequence[Path], data_dir: Path) -> tuple[Path, ...
     return tuple(out)
 
 
-def _confine_one(value: str, field: str, roots: Sequence[Path], problems: list[Problem]) -> str:
+def _confine_one(
+    value: str, field: str, roots: Sequence[Path], problems: list[Problem], files: Sequence[str] = _DATA_FILES
+) -> str:
     """``value``'s real path if it and the data files in it stay inside ``roots``; else a problem."""
     candidate = value if os.path.isabs(value) else os.path.join(roots[0], value)
     # follows every link that exists; never raises for a missing path (a NUL byte names no path at all)
@@ -66,7 +69,7 @@ def _confine_one(value: str, field: str, roots: Sequence[Path], problems: list[P
         # one message for any path outside, whatever is (or is not) there: only what the user wrote is echoed
         problems.append(Problem(field, f"is outside the service's data roots ({_names(roots)})", value))
         return value
-    for pattern in _DATA_FILES:  # inside a root: listing it tells nothing about the rest of the machine
+    for pattern in files:  # inside a root: listing it tells nothing about the rest of the machine
         for f in sorted(Path(real).glob(pattern)):
             if not any(within(os.path.realpath(f), str(r)) for r in roots):
                 problems.append(
@@ -104,6 +107,10 @@ def confine_data(p: Params, roots: Sequence[Path]) -> Params:
             ]
         if update:
             updates[sec] = inp.model_copy(update=update)
+    start = p.runconfig.checkpoint_path
+    if start is not None:
+        real = _confine_one(start, "runconfig.checkpoint_path", roots, problems, _CHECKPOINT_FILES)
+        updates["runconfig"] = p.runconfig.model_copy(update={"checkpoint_path": real})
     if problems:
         raise ParamsError(problems, "params")
     return p.model_copy(update=updates)

@@ -40,6 +40,7 @@ def build(job: JobSpec) -> MemoryXShard:
     names = [n for n in model.specs if plan.tensor_shard[n] == job.index]
     rc = params.runconfig
     resume = str(confine_checkpoint(rc.model_dir, job.resume_dir)) if job.resume_dir is not None else None
+    # no checkpoint of the run's own: the weights of a Hugging Face model, if the params name one
     storage = storage_dir(rc.model_dir, rc.memoryx_dir, job.index) if rc.memoryx_storage == "disk" else None
     if storage is not None:
         log.info("shard %d keeps its tensors in %s", job.index, storage)
@@ -61,6 +62,7 @@ def build(job: JobSpec) -> MemoryXShard:
         generation=job.generation,
         arena=arena,
         sparsity=sparsity_specs(params, model),
+        init_dir=rc.checkpoint_path if resume is None else None,
     )
 
 

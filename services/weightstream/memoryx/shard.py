@@ -31,6 +31,7 @@ import numpy as np
 from safetensors import safe_open
 
 from weightstream.checkpoint_layout import MASKS
+from weightstream.hf_checkpoint import start_tensors
 from weightstream.memoryx.sparse import SparseTensors
 from weightstream.memoryx.storage import (
     NonFiniteError,
@@ -51,6 +52,15 @@ from weightstream.transport.tensors import checksum
 __all__ = ["MemoryXShard", "StaleStepError"]
 
 log = logging.getLogger("weightstream.memoryx")
+
+
+def _take(loaded: Iterator[tuple[str, np.ndarray]], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The next tensor of a starting checkpoint, which must be ``name`` of ``shape`` (the coordinator
+    checked the directory before the roles started; this holds should it have changed since)."""
+    got, w = next(loaded)
+    if got != name or w.shape != shape:
+        raise ValueError(f"starting checkpoint: {got} has shape {w.shape}, expected {name} of {shape}")
+    return w
 
 
 def _read_mask(path: Path, name: str) -> np.ndarray:
@@ -75,11 +85,13 @@ class MemoryXShard:
         generation: int = 0,
         arena: SharedArena | None = None,
         sparsity: Mapping[str, SparsitySpec] | None = None,
+        init_dir: str | None = None,
     ) -> None:
         """``storage_dir``: keep weights, optimizer state and gradients in files there instead of RAM, so
         a shard can hold more than the machine's memory (the kernel's page cache keeps the hot part).
         ``arena`` (memory mode): keep the weights in memfds that co-located workers map (the shard owns
-        and closes it)."""
+        and closes it). ``init_dir``: without ``resume_dir``, the initial weights come from this Hugging
+        Face directory (``hf_checkpoint``) instead of the seed, one tensor at a time; state starts at 0."""
         self.model, self.opt, self.names, self.timeout_s = model, opt, tuple(names), timeout_s
         self.store: TensorStore = (
             DiskStore(storage_dir) if storage_dir is not None else MemoryStore(arena, self.names)
@@ -95,10 +107,12 @@ class MemoryXShard:
         self.sparse = SparseTensors(mine, {n: model.specs[n].shape for n in mine}, self._shared_arena())
         try:
             if resume_dir is None:
+                loaded = start_tensors(init_dir, self.names) if init_dir is not None else None
                 for n in self.names:  # one tensor at a time, straight into the store
-                    w = init_tensor(model.specs[n], seed)
-                    if n in self.sparse:
-                        w = self.sparse.make(n, w)  # the mask, made from (seed, name) alone
+                    spec = model.specs[n]
+                    w = _take(loaded, n, spec.shape) if loaded is not None else init_tensor(spec, seed)
+                    if n in self.sparse:  # the mask: from (seed, name), or the loaded weights (topk)
+                        w = self.sparse.make(n, w)
                     self.store.put(n, w)
                     for key in self.state_keys[n]:
                         self.store.zeros(key, w.shape)

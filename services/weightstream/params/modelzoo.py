@@ -63,8 +63,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "runconfig": {
         "mode": "weightstream trains; evaluation runs when eval_input is given",
-        "checkpoint_path": "use model_dir with autoload_last_checkpoint",
-        "save_initial_checkpoint": "not implemented",
         "precision_opt_level": "not applicable",
         "num_workers_per_csx": "one worker process per CS-2",
         "compile_only": "not applicable",

@@ -264,6 +264,11 @@ class RunConfig(_Section):
     # checkpoint and replays the steps since; 0: checkpoints only)
     max_role_restarts: NonNegativeInt = 50
     recovery_snapshot_steps: NonNegativeInt = 10
+    # ModelZoo's keys: a Hugging Face save_pretrained directory whose weights start the run (optimizer
+    # state and step start fresh; a checkpoint of the run's own model_dir, when there is one, wins), and a
+    # checkpoint of the weights before the first step
+    checkpoint_path: str | None = None
+    save_initial_checkpoint: bool = False
 
 
 class SparsityParams(_Section):

@@ -23,6 +23,7 @@ from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
+from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
@@ -39,6 +40,7 @@ from weightstream.training.checkpoints import (
 )
 from weightstream.training.divergence import check_finite
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
+from weightstream.training.hf_start import check_start_checkpoint
 from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
 from weightstream.training.tensorboard import RunEvents
@@ -134,6 +136,14 @@ class JobRunner:
             self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
             trim_metrics(self.model_dir / "metrics.jsonl", start_step)  # the steps after it run again
+        elif self.rc.checkpoint_path is not None:  # checked before any role starts; the shards load it
+            try:
+                notes = check_start_checkpoint(self.params, model_def(self.params), self.rc.checkpoint_path)
+            except StartCheckpointError as e:
+                raise JobFailed(str(e)) from None
+            for note in notes:
+                self.log.info("%s", note)
+            self._emit("status", status="starting_from", checkpoint=self.rc.checkpoint_path, step=0)
         roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
         self._emit("status", status="starting", roles=self.plan.counts())
         # a new role credential for every start: roles of an earlier run of this job cannot join this one
@@ -215,6 +225,8 @@ class JobRunner:
         self.last_loss = self.eval_loss = None
         self.checkpoint: Path | None = None
         self.tokens_total, self.t_train = 0, time.monotonic()
+        if start_step == 0 and rc.save_initial_checkpoint:
+            self._post = ["checkpoint"]  # checkpoint_0: the weights the run starts from, before any step
         batch = self.params.train_input.batch_size
         with (
             (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as self.metrics,

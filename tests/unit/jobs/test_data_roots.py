@@ -200,3 +200,25 @@ def test_mixture_dirs_and_hdf5_links_are_confined_too(
     assert "link leading outside" in problems["train_input.data_dir"].message
     problems = _refusal(service, _hdf5_params(mixture=[{"data_dir": "h5"}]))
     assert "link leading outside" in problems["train_input.mixture[0].data_dir"].message
+
+
+def test_a_starting_checkpoint_is_confined_to_the_roots_like_data(
+    service: JobService, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """runconfig.checkpoint_path: read with the service's rights like data, so under the roots only (a
+    weights file in it that links out is refused too), and the job gets the real path."""
+    a, _ = roots
+    raw = _text_params("corpus")
+    problem = _refusal(
+        service, {**raw, "runconfig": {**raw["runconfig"], "checkpoint_path": str(tmp_path / "secrets")}}
+    )
+    assert "outside the service's data roots" in problem["runconfig.checkpoint_path"].message
+    (a / "models" / "leaky").mkdir(parents=True)
+    (a / "models" / "leaky" / "model.safetensors").symlink_to(tmp_path / "secrets" / "key.txt")
+    leaky = {**raw, "runconfig": {**raw["runconfig"], "checkpoint_path": str(a / "models" / "leaky")}}
+    assert "a link leading outside" in _refusal(service, leaky)["runconfig.checkpoint_path"].message
+    (a / "models" / "gpt2").mkdir()
+    job = service.submit(
+        {**raw, "runconfig": {**raw["runconfig"], "checkpoint_path": "models/gpt2"}}, num_csx=1
+    )
+    assert job.params["runconfig"]["checkpoint_path"] == str(a / "models" / "gpt2")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard
@@ -196,3 +196,41 @@ def test_checkerboard_shifts_each_row_so_kept_entries_never_line_up_in_columns()
     a = make_positions("w", (8, 8), SparsitySpec(0.75, "checkerboard"), w)  # every 4th entry
     assert np.array_equal(np.bincount(a // 8, minlength=8), [2] * 8)  # two per row
     assert np.array_equal(np.bincount(a % 8, minlength=8), [2] * 8)  # and two per column, not 8 in two
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_shard_starts_from_a_hugging_face_directory_and_masks_those_weights(
+    tmp_path: Path, rng, storage: Path | None, bare: bool
+) -> None:
+    """The weights come from the directory tensor by tensor (a GPT2Model-style file without the
+    ``transformer.`` prefix too; buffers and a tied head's copy passed over), topk masks rank *them*, and
+    the optimizer state starts at zero."""
+    model = model_def(load_params(TINY))
+    theirs = {n: rng.standard_normal(s.shape).astype(np.float32) for n, s in model.specs.items()}
+    stored = {(n.removeprefix("transformer.") if bare else n): w for n, w in theirs.items()}
+    stored["transformer.h.0.attn.bias" if not bare else "h.0.attn.bias"] = np.ones((1, 1, 16, 16), np.float32)
+    stored["lm_head.weight"] = theirs["transformer.wte.weight"]
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file(stored, hf / "model.safetensors")
+    raw = {**TINY, "sparsity": {"sparsity": 0.5, "init_method": "topk"}}
+    p = load_params(raw)
+    specs = sparsity_specs(p, model)
+    shard = MemoryXShard(
+        model,
+        optimizer_config(p.optimizer),
+        list(model.specs),
+        7,
+        2,
+        storage_dir=storage,
+        sparsity=specs,
+        init_dir=str(hf),
+    )
+    for n, w in theirs.items():
+        if n in specs:
+            keep = np.zeros(w.size, bool)
+            keep[make_positions(n, w.shape, specs[n], w)] = True
+            assert np.array_equal(shard.dense(n), np.where(keep.reshape(w.shape), w, 0)), n
+        else:
+            assert np.array_equal(shard.dense(n), w), n
+        assert not shard.dense(f"{n}.exp_avg").any() and shard.step == 0
