@@ -6,9 +6,11 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 # A GPT-2 small enough that a run of a dozen steps takes seconds, with every kind of unit in it.
@@ -96,3 +98,20 @@ def run_uninterrupted(tmp: Path, params: dict[str, Any], name: str = "straight")
     r = run(params_path, model_dir, "--num_csx", "1")
     assert r.returncode == 0, r.stderr
     return model_dir
+
+
+def transformers_loss(checkpoint: Path, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The mean cross-entropy over ``batches`` (inputs, targets) of ``checkpoint`` loaded by transformers'
+    ``AutoModelForCausalLM``: what weightstream's loss of the same weights must equal. Needs the test
+    extra (torch, transformers)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    losses = []
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(torch.as_tensor(x)).logits
+        flat = logits.reshape(-1, logits.shape[-1])
+        losses.append(torch.nn.functional.cross_entropy(flat, torch.as_tensor(y).reshape(-1)).item())
+    return float(np.mean(losses))

@@ -15,7 +15,7 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, run
+from tests.integration.appliance import metrics, run, transformers_loss
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 
@@ -99,7 +99,7 @@ def _llama(tmp: Path, **runconfig: Any) -> Path:
 
 
 def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch", reason="pip install -e .[test]")
+    pytest.importorskip("torch", reason="pip install -e .[test]")
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
     params_path = _llama(tmp_path)
     r = run(params_path, tmp_path / "m", "--num_csx", "2")
@@ -115,14 +115,9 @@ def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -
     assert type(model).__name__ == "LlamaForCausalLM"
     trainer = ReferenceTrainer(load_params(params_path))
     assert trainer.eval_data is not None
-    hf = []
-    for b in range(4):
-        x, y = trainer.eval_data.global_batch(b)
-        with torch.no_grad():
-            logits = model(torch.as_tensor(x)).logits
-        hf.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), torch.as_tensor(y).reshape(-1)))
-    assert_allclose(float(np.mean(hf)), evals[120], rtol=0.05)  # the issue's bar; in fact ~1e-6
-    assert_allclose(float(np.mean(hf)), evals[120], rtol=1e-4)
+    hf = transformers_loss(ckpt, [trainer.eval_data.global_batch(b) for b in range(4)])
+    assert_allclose(hf, evals[120], rtol=0.05)  # the issue's bar; in fact ~1e-6
+    assert_allclose(hf, evals[120], rtol=1e-4)
 
 
 def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> None:
@@ -143,8 +138,8 @@ def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> N
 def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(tmp_path: Path) -> None:
     """90% sparse (balanced-topk) q/k/v/o/gate/up/down on two workers: the reference's loss curve, pruned
     weights zero in the checkpoint, and LlamaForCausalLM computes weightstream's eval loss from it."""
-    torch = pytest.importorskip("torch", reason="pip install -e .[test]")
-    transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
+    pytest.importorskip("torch", reason="pip install -e .[test]")
+    pytest.importorskip("transformers", reason="pip install -e .[test]")
     params_path = _llama(tmp_path, max_steps=10)
     raw = yaml.safe_load(params_path.read_text())
     raw["sparsity"] = {"sparsity": 0.9, "init_method": "balanced-topk"}
@@ -164,12 +159,6 @@ def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(tmp_path: P
     for n, mask in masks.items():
         assert not weights[n][~mask].any(), n
         assert (mask.sum(axis=1) == mask[0].sum()).all(), n  # balanced: every row keeps as many
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
     assert trainer.eval_data is not None
-    hf = []
-    for b in range(4):
-        x, y = trainer.eval_data.global_batch(b)
-        with torch.no_grad():
-            logits = model(torch.as_tensor(x)).logits
-        hf.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), torch.as_tensor(y).reshape(-1)))
-    assert_allclose(float(np.mean(hf)), evals[10], rtol=1e-4)
+    hf = transformers_loss(ckpt, [trainer.eval_data.global_batch(b) for b in range(4)])
+    assert_allclose(hf, evals[10], rtol=1e-4)

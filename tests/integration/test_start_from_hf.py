@@ -17,7 +17,7 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file, save_file
 
-from tests.integration.appliance import TINY, metrics, run, weightstream_cmd
+from tests.integration.appliance import TINY, metrics, run, transformers_loss, weightstream_cmd
 from weightstream.data import make_data_processor
 from weightstream.params import load_params
 
@@ -47,15 +47,12 @@ def _tensors(checkpoint: Path) -> dict[str, np.ndarray]:
     return {k: v for f in sorted(checkpoint.glob("model*.safetensors")) for k, v in load_file(f).items()}
 
 
-def _hf_loss(model_dir: Path, params_path: Path, x_step: int = 0) -> float:
+def _hf_loss(model_dir: Path, params_path: Path) -> float:
+    """transformers' loss of ``model_dir`` on the first training batch (what step 1 reports)."""
     p = load_params(params_path)
-    x, y = make_data_processor(p.train_input, p.model, "train").global_batch(x_step)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        logits = model(torch.as_tensor(x)).logits
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)
-    ).item()
+    return transformers_loss(
+        model_dir, [make_data_processor(p.train_input, p.model, "train").global_batch(0)]
+    )
 
 
 def test_gpt2_from_runconfig_checkpoint_path_starts_bitwise_from_its_tensors(tmp_path: Path) -> None:
