@@ -115,3 +115,14 @@ def transformers_loss(checkpoint: Path, batches: Iterable[tuple[np.ndarray, np.n
         flat = logits.reshape(-1, logits.shape[-1])
         losses.append(torch.nn.functional.cross_entropy(flat, torch.as_tensor(y).reshape(-1)).item())
     return float(np.mean(losses))
+
+
+def resume_copy(params: Path, checkpoint: Path, model_dir: Path, num_csx: str) -> Path:
+    """A new ``model_dir`` holding only a copy of ``checkpoint``, trained on by `weightstream run` with
+    ``num_csx`` workers: the resume must pick the checkpoint up. Returns ``model_dir``."""
+    model_dir.mkdir()
+    shutil.copytree(checkpoint, model_dir / checkpoint.name)
+    r = run(params, model_dir, "--num_csx", num_csx)
+    assert r.returncode == 0, r.stderr
+    assert "resuming from" in r.stdout
+    return model_dir

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, run, transformers_loss, write_params
+from tests.integration.appliance import metrics, resume_copy, run, transformers_loss, write_params
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 
@@ -66,12 +65,7 @@ def test_checkpoint_from_two_nodes_resumes_on_one_and_four(tmp_path: Path) -> No
     assert run(params, straight, "--num_csx", "2").returncode == 0
     full, _ = metrics(straight)
     for n in ("1", "4"):
-        resumed = tmp_path / f"resumed{n}"
-        resumed.mkdir()
-        shutil.copytree(straight / "checkpoint_4", resumed / "checkpoint_4")
-        r = run(params, resumed, "--num_csx", n)
-        assert r.returncode == 0, r.stderr
-        assert "resuming from" in r.stdout
+        resumed = resume_copy(params, straight / "checkpoint_4", tmp_path / f"resumed{n}", n)
         after, _ = metrics(resumed)
         assert sorted(after) == [5, 6, 7, 8], "a resumed run continues after the checkpoint's step"
         for step in after:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from importlib import import_module
@@ -20,7 +19,7 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, run, transformers_loss
+from tests.integration.appliance import metrics, resume_copy, run, transformers_loss
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse import use_sparse_kernels
 from weightstream.numerics.sparse_masks import kept_count
@@ -158,11 +157,7 @@ def test_sparse_runs_are_bitwise_reproducible_across_data_planes_and_masks_survi
         assert (a / "checkpoint_8" / f).read_bytes() == (b / "checkpoint_8" / f).read_bytes(), f
     full, _ = metrics(a)
     for n in ("1", "4"):
-        resumed = tmp_path / f"resumed{n}"
-        resumed.mkdir()
-        shutil.copytree(a / "checkpoint_4", resumed / "checkpoint_4")
-        r = run(params, resumed, "--num_csx", n)
-        assert r.returncode == 0, r.stderr
+        resumed = resume_copy(params, a / "checkpoint_4", tmp_path / f"resumed{n}", n)
         after, _ = metrics(resumed)
         assert sorted(after) == [5, 6, 7, 8]
         for step in after:
