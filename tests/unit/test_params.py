@@ -182,6 +182,16 @@ BAD = [
         "matches no tensor",
     ),
     ("unknown optimizer", ("optimizer.optimizer_type", "lamb"), "optimizer.optimizer_type", "adamw"),
+    ("no bias correction", ("optimizer.correct_bias", False), "optimizer.correct_bias", "always applies"),
+    (
+        "no bias correction, older name",
+        ("optimizer.use_bias_correction", False),
+        "optimizer.correct_bias",
+        "only true",
+    ),
+    ("amsgrad", ("optimizer.amsgrad", True), "optimizer.amsgrad", "not implemented"),
+    ("both beta spellings", ("optimizer.beta1", 0.8), "optimizer", "betas or beta1/beta2"),
+    ("both eps spellings", ("optimizer.epsilon", 1e-6), "optimizer", "epsilon and eps"),
     ("beta out of range", ("optimizer.betas", [0.9, 1.5]), "optimizer.betas[1]", "less than 1"),
     ("momentum on adam", ("optimizer.momentum", 0.9), "optimizer.momentum", "sgd"),
     (
@@ -212,6 +222,25 @@ BAD = [
         "SyntheticDataProcessor",
     ),
 ]
+
+
+def test_older_optimizer_spellings_mean_what_the_current_ones_do() -> None:
+    """ModelZoo's beta1/beta2, epsilon, weight_decay_rate, use_bias_correction/correct_bias: true,
+    amsgrad: false and a schedule's steps configure exactly what betas, eps, weight_decay and
+    total_iters do."""
+    current = load_params(GOOD)
+    raw = copy.deepcopy(GOOD)
+    opt = raw["optimizer"]
+    opt["beta1"], opt["beta2"] = opt.pop("betas", [0.9, 0.999])
+    opt["weight_decay_rate"] = opt.pop("weight_decay", 0.0)
+    opt["epsilon"] = opt.pop("eps", 1e-8)
+    opt |= {"use_bias_correction": True, "amsgrad": False}
+    for piece in opt["learning_rate"] if isinstance(opt["learning_rate"], list) else []:
+        if "total_iters" in piece:
+            piece["steps"] = piece.pop("total_iters")
+    older = load_params(raw)
+    assert optimizer_config(older.optimizer) == optimizer_config(current.optimizer)
+    assert older.optimizer == current.optimizer
 
 
 def test_good_params_load() -> None:

@@ -56,10 +56,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "max_gradient_value": "clipping by value is not implemented; use max_gradient_norm",
         "log_summaries": "not applicable",
         "adjust_learning_rate": "per-parameter learning rates are not implemented",
-        "correct_bias": "Adam's bias correction is always on",
-        "amsgrad": "not implemented",
         "dampening": "not implemented",
-        "weight_decay_rate": "use weight_decay",
     },
     "runconfig": {
         "mode": "weightstream trains; evaluation runs when eval_input is given",
