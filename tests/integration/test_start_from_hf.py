@@ -37,6 +37,7 @@ def _gpt2(tmp: Path, **config: Any) -> Path:
 
 def _params(tmp: Path, **runconfig: Any) -> Path:
     p = copy.deepcopy(TINY)
+    p["model"]["nonlinearity"] = "gelu_new"  # transformers' GPT2Config default: the tanh form
     p["runconfig"] |= {"max_steps": 3, "num_csx": 2, "save_initial_checkpoint": True, **runconfig}
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(p))
@@ -114,6 +115,12 @@ def test_a_mismatched_or_unreadable_checkpoint_is_refused_naming_what_differs(tm
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 2
     assert "n_head = 2, the params give 4" in r.stderr and "layer_norm_epsilon" in r.stderr
+    exact = yaml.safe_load(params.read_text())
+    exact["model"]["nonlinearity"] = "gelu"  # ModelZoo's gelu is the erf form, not the checkpoint's tanh
+    params.write_text(yaml.safe_dump(exact))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert "activation_function = 'gelu_new', the params give 'gelu'" in r.stderr
+    params = _params(tmp_path)
     # the run fails before a single role starts, with the same reasons
     r = run(params, tmp_path / "m", "--checkpoint_path", str(hf))
     assert r.returncode != 0 and "n_head = 2" in r.stderr and not (tmp_path / "m" / "logs").exists()

@@ -57,6 +57,11 @@ def _gelu_np(x, dy):
     return y, [L.gelu_backward(x, th, dy)]
 
 
+def _gelu_exact_np(x, dy):
+    y, th = L.gelu_forward(x, exact=True)
+    return y, [L.gelu_backward(x, th, dy)]
+
+
 def _relu_np(x, dy):
     y = L.relu_forward(x)
     return y, [L.relu_backward(y, dy)]
@@ -87,6 +92,11 @@ CASES: dict[str, tuple[Callable, Callable, Callable]] = {
         lambda r, dt: [r.standard_normal((B, T, C)).astype(dt) * 2],
         _gelu_np,
         lambda x: F.gelu(x, approximate="tanh"),
+    ),
+    "gelu_exact": (  # ModelZoo's and torch's gelu (erf), not GPT-2's tanh form
+        lambda r, dt: [r.standard_normal((B, T, C)).astype(dt) * 2],
+        _gelu_exact_np,
+        lambda x: F.gelu(x, approximate="none"),
     ),
     "relu": (lambda r, dt: [r.standard_normal((B, T, C)).astype(dt)], _relu_np, F.relu),
     "attention": (lambda r, dt: [r.standard_normal((B, T, 3 * C)).astype(dt)], _attn_np, _attn_torch),

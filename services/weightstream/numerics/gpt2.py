@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -61,6 +61,7 @@ class GPT2Config:
     tie_word_embeddings: bool = True
     dropout_rate: float = 0.0  # Hugging Face's resid_pdrop
     embedding_dropout_rate: float = 0.0  # Hugging Face's embd_pdrop
+    activation: Literal["gelu_new", "gelu"] = "gelu_new"  # Hugging Face's activation_function: tanh or erf
 
     def __post_init__(self) -> None:
         for name in ("dropout_rate", "embedding_dropout_rate"):
@@ -101,10 +102,12 @@ class EmbeddingUnit:
 class BlockUnit:
     """One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). [B, T, C] -> [B, T, C]."""
 
-    def __init__(self, index: int, n_head: int, eps: float, dropout_rate: float = 0.0) -> None:
+    def __init__(
+        self, index: int, n_head: int, eps: float, dropout_rate: float = 0.0, exact_gelu: bool = False
+    ) -> None:
         self.name = f"h.{index}"
         self.prefix = p = f"transformer.h.{index}."
-        self.n_head, self.eps, self.dropout_rate = n_head, eps, dropout_rate
+        self.n_head, self.eps, self.dropout_rate, self.exact_gelu = n_head, eps, dropout_rate, exact_gelu
         self.attn_dropout_site, self.mlp_dropout_site = p + "attn.resid_dropout", p + "mlp.dropout"
         self.param_names = tuple(
             p + s
@@ -148,7 +151,7 @@ class BlockUnit:
                 dropout_add_bias_residual(x1, w["attn.c_proj.bias"], m_attn, self.dropout_rate, x)
                 h2, ln2 = layer_norm_forward(x1, w["ln_2.weight"], w["ln_2.bias"], self.eps)
             f = linear_forward(h2, w["mlp.c_fc.weight"], None)  # [B, T, F]
-            g, dgdf = gelu_forward(f, w["mlp.c_fc.bias"], out=f)  # g overwrites f; dgdf = dg/df
+            g, dgdf = gelu_forward(f, w["mlp.c_fc.bias"], out=f, exact=self.exact_gelu)  # g over f; dg/df
             y = linear_forward(g, w["mlp.c_proj.weight"], None)
             m_mlp = dropout_mask(self.mlp_dropout_site, y.shape, self.dropout_rate)  # [B, T, C] or None
             if m_mlp is None:
@@ -288,7 +291,10 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))
     units = (
         EmbeddingUnit(cfg.embedding_dropout_rate),
-        *(BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon, cfg.dropout_rate) for i in range(cfg.n_layer)),
+        *(
+            BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon, cfg.dropout_rate, cfg.activation == "gelu")
+            for i in range(cfg.n_layer)
+        ),
         HeadUnit(cfg.layer_norm_epsilon, cfg.tie_word_embeddings),
     )
     return ModelDef("gpt2", units, {s.name: s for s in specs}, dense_only=frozenset({WTE, WPE, LM_HEAD}))

@@ -198,9 +198,11 @@ _GELU_C = 0.044715
 
 
 def gelu_forward(
-    x: np.ndarray, bias: np.ndarray | None = None, out: np.ndarray | None = None
+    x: np.ndarray, bias: np.ndarray | None = None, out: np.ndarray | None = None, exact: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """GPT-2's tanh-approximated GELU of x (+ bias): x h(x) with h = 0.5 (1 + tanh(k (x + c x^3))).
+    """GPT-2's tanh-approximated GELU of x (+ bias): x h(x) with h = 0.5 (1 + tanh(k (x + c x^3)))
+    (Hugging Face's ``gelu_new``); with ``exact``, the erf GELU x Phi(x), Phi = 0.5 (1 + erf(x / sqrt 2))
+    (Hugging Face's and torch's ``gelu``, ModelZoo's ``nonlinearity: gelu``).
 
     Returns (y, dy/dx). The derivative costs forward ~7 passes over row blocks in L2, and saves backward
     all but one (``gelu_backward`` is dy * dy/dx) and the need to keep x: with ``out=x`` the activation
@@ -210,6 +212,8 @@ def gelu_forward(
     x2 = rows2(x)
     y = np.empty_like(x2) if out is None else rows2(out)
     dydx = np.empty_like(x2)
+    if exact:  # here, not at the top: scipy.special costs every process ~0.15 s to import
+        from scipy.special import erf
 
     def rows(s: slice) -> None:
         xs = y[s]  # x (+ bias) lives in y's block until y overwrites it
@@ -217,6 +221,19 @@ def gelu_forward(
             np.add(x2[s], bias, out=xs)
         elif out is not x:
             np.copyto(xs, x2[s])
+        if exact:  # dy/dx = Phi(x) + x phi(x), phi the standard normal density
+            phi = np.multiply(xs, xs, out=dydx[s])
+            phi *= dt(-0.5)
+            np.exp(phi, out=phi)
+            phi *= dt(1.0 / math.sqrt(2.0 * math.pi))
+            phi *= xs
+            cdf = xs * dt(1.0 / math.sqrt(2.0))
+            erf(cdf, out=cdf)
+            cdf *= dt(0.5)
+            cdf += dt(0.5)
+            phi += cdf
+            xs *= cdf  # y
+            return
         sq = xs * xs
         h = sq * dt(_GELU_C * _GELU_K)
         h += dt(_GELU_K)

@@ -37,6 +37,7 @@ def model_def(p: Params) -> ModelDef:
                 tie_word_embeddings=m.share_embedding_weights,
                 dropout_rate=m.dropout_rate,
                 embedding_dropout_rate=m.embedding_dropout,
+                activation=m.nonlinearity,
             )
         )
     if isinstance(m, LlamaModelParams):

@@ -118,7 +118,8 @@ class GPT2ModelParams(_LanguageModelParams):
     name: Literal["gpt2"]
     position_embedding_type: Literal["learned"] = "learned"
     share_embedding_weights: bool = True
-    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"  # both mean GPT-2's tanh approximation
+    # ModelZoo's meaning: gelu is the exact (erf) GELU, gelu_new the tanh form (Hugging Face GPT-2's)
+    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"
     # Hugging Face's resid_pdrop (after each projection, before its residual add) and embd_pdrop
     dropout_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
     embedding_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = None  # None: dropout_rate

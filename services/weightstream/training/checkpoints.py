@@ -65,7 +65,7 @@ def hf_config(params: Params) -> dict[str, Any]:
             "n_layer": m.num_hidden_layers,
             "n_head": m.num_heads,
             "n_inner": m.inner_size,
-            "activation_function": "gelu_new",
+            "activation_function": m.nonlinearity,  # gelu: erf; gelu_new: tanh (as weightstream computed)
             "layer_norm_epsilon": m.layer_norm_epsilon,
             "initializer_range": m.initializer_range,
             "resid_pdrop": m.dropout_rate,  # what the model trained with, for whoever trains it on

@@ -18,6 +18,7 @@ from weightstream.training.reference import ReferenceTrainer
 # SGD at learning rate 1e6 without clipping: step 2's update overflows, step 3's gradient norm is NaN
 DIVERGING = copy.deepcopy(TINY)
 DIVERGING["optimizer"] = {"optimizer_type": "sgd", "learning_rate": 1.0e6}
+DIVERGING["model"] = {**DIVERGING["model"], "nonlinearity": "gelu_new"}  # the tanh form: non-finite at step 3
 
 
 def test_check_finite_names_the_step_and_each_quantity() -> None:

@@ -45,7 +45,9 @@ def test_shard_count_does_not_change_the_run() -> None:
         a, b = one.train_step(), four.train_step()
         assert_allclose(a.loss, b.loss, rtol=1e-5)
     for name in one.weights:
-        assert_allclose(one.weights[name], four.weights[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        # Adam divides by sqrt(v): an entry whose gradient is ~0 moves by float32 noise, up to ~1e-3 of
+        # an lr step; 1e-6 held by luck for tanh GELU and not for the exact one
+        assert_allclose(one.weights[name], four.weights[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_same_seed_is_bitwise_reproducible() -> None:
