@@ -96,6 +96,7 @@ SCHEDULE = [
 ]
 
 
+@pytest.mark.slow  # ~35 s: two 120-step runs
 def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, fault_free: Path) -> None:
     model_dir = tmp_path / "m"
     proc = _start(_params(tmp_path), model_dir)

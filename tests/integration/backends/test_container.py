@@ -40,7 +40,7 @@ from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
 from weightstream.training.runner import JobRunner
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.slow]  # ~80 s: builds the image
 ROOT = Path(__file__).parents[3]
 IMAGE = "localhost/weightstream:test"
 

@@ -57,6 +57,7 @@ def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # ~20 s
 def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tmp_path: Path) -> None:
     params = json.loads(json.dumps(TINY))
     params["runconfig"].update(
