@@ -145,6 +145,9 @@ def run(
     raise typer.Exit(run_local(p, out, err))
 
 
+app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",

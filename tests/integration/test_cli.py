@@ -111,3 +111,15 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
         role.wait(timeout=10)
     r = weightstream("health", "--address", address, "--timeout", "1")
     assert r.returncode == 1 and "unhealthy" in r.stderr
+
+
+def test_fit_is_run_for_cszoo_hands(tmp_path: Path) -> None:
+    """`weightstream fit` (as `cszoo fit`) trains exactly as `run`: the same checkpoint bytes."""
+    from tests.integration.appliance import write_params
+
+    params = write_params(tmp_path, max_steps=2)
+    for verb in ("run", "fit"):
+        r = weightstream(verb, str(params), "--model_dir", str(tmp_path / verb), "--num_csx", "2")
+        assert r.returncode == 0, r.stderr
+    for f in sorted((tmp_path / "run" / "checkpoint_2").glob("*.safetensors")):
+        assert f.read_bytes() == (tmp_path / "fit" / "checkpoint_2" / f.name).read_bytes(), f.name

@@ -243,6 +243,25 @@ def test_older_optimizer_spellings_mean_what_the_current_ones_do() -> None:
     assert older.optimizer == current.optimizer
 
 
+def test_modelzoo_names_for_what_weightstream_implements() -> None:
+    """model.name: gpt3 (ModelZoo's GPT-3: GPT-2's architecture) and GptHDF5DataProcessor (the same files
+    as its Map variant) load as gpt2 and GptHDF5MapDataProcessor do."""
+    raw = copy.deepcopy(GOOD)
+    raw["model"]["name"] = "gpt3"
+    gpt3 = load_params(raw)
+    assert model_def(gpt3).specs == model_def(load_params(GOOD)).specs
+    assert "name: gpt3" in dump_params(gpt3)  # the file as written, in model_dir/params.yaml
+    raw["model"]["num_heads"] = 3
+    with pytest.raises(ParamsError, match=r"model\.hidden_size"):  # gpt2's checks apply to gpt3
+        load_params(raw)
+    raw["model"]["hiden_size"] = raw["model"].pop("hidden_size")
+    with pytest.raises(ParamsError, match="did you mean 'hidden_size'"):  # and its key hints
+        load_params(raw)
+    raw = copy.deepcopy(GOOD)
+    raw["train_input"] |= {"data_processor": "GptHDF5DataProcessor", "data_dir": "./data"}
+    assert load_params(raw).train_input.data_processor == "GptHDF5MapDataProcessor"
+
+
 def test_good_params_load() -> None:
     p = load_params(GOOD)
     assert p.runconfig.num_csx == 2 and p.model.inner_size == 1024

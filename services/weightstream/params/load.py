@@ -36,6 +36,7 @@ __all__ = ["UNSUPPORTED", "dump_params", "load_params", "model_def", "optimizer_
 _SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
 _MODELS: dict[str, type[BaseModel]] = {
     "gpt2": GPT2ModelParams,
+    "gpt3": GPT2ModelParams,
     "llama": LlamaModelParams,
     "fc_mlp": FCMLPModelParams,
 }

@@ -87,6 +87,12 @@ class InputParams(_Section):
     drop_last: bool | None = None
     num_workers: NonNegativeInt = 0  # threads an activation server reads HDF5 files with (0: one)
 
+    @field_validator("data_processor", mode="before")
+    @classmethod
+    def _same_reader(cls, v: Any) -> Any:
+        """ModelZoo's GptHDF5DataProcessor reads the same files as its Map variant: one reader here."""
+        return "GptHDF5MapDataProcessor" if v == "GptHDF5DataProcessor" else v
+
 
 class _LanguageModelParams(_Section):
     """What every decoder-only language model shares: sizes, vocabulary, positions, initialisation."""
@@ -115,7 +121,7 @@ class _LanguageModelParams(_Section):
 
 
 class GPT2ModelParams(_LanguageModelParams):
-    name: Literal["gpt2"]
+    name: Literal["gpt2", "gpt3"]  # ModelZoo's GPT-3 is GPT-2's architecture (learned positions, LayerNorm)
     position_embedding_type: Literal["learned"] = "learned"
     share_embedding_weights: bool = True
     # ModelZoo's meaning: gelu is the exact (erf) GELU, gelu_new the tanh form (Hugging Face GPT-2's)
