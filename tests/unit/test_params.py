@@ -122,7 +122,7 @@ BAD = [
     ("data_dir missing", ("train_input.data_dir", DELETE), "train_input.data_dir", "required"),
     ("missing section", ("optimizer", DELETE), "optimizer", "missing"),
     ("missing model key", ("model.vocab_size", DELETE), "model.vocab_size", "missing"),
-    ("unknown model name", ("model.name", "gpt3"), "model.name", "gpt2"),
+    ("unknown model name", ("model.name", "bert"), "model.name", "gpt2"),
     (
         "sequence too long",
         ("train_input.max_sequence_length", 129),
