@@ -1,9 +1,10 @@
-"""A Hugging Face model directory (``save_pretrained``) as the starting point of a run: its files, its
-tensor names and shapes, and its tensors one at a time.
+"""A Hugging Face model directory (``save_pretrained``) as the starting point of a run: its config, its
+files, its tensor names and shapes.
 
 Shared by the coordinator (which checks a directory against the params before anything starts:
 ``training/hf_start.py``) and MemoryX (which reads each of its own tensors from it, one at a time, so the
-model is never whole in any process). Only safetensors are read: ``model.safetensors``, or
+model is never whole in any process: ``memoryx.storage.start_tensors``). Only safetensors are read:
+``model.safetensors``, or
 ``model-0000i-of-0000K.safetensors`` with ``model.safetensors.index.json`` (the layout our own checkpoints
 share, so a weightstream checkpoint directory is a valid starting point too: its weights, not its state).
 
@@ -16,13 +17,12 @@ Buffers some versions save (GPT-2's causal ``attn.bias`` / ``attn.masked_bias``,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from safetensors import safe_open
 
-__all__ = ["StartCheckpointError", "read_config", "start_tensors", "stored_names", "tensor_shapes"]
+__all__ = ["StartCheckpointError", "read_config", "stored_names", "tensor_shapes"]
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -96,22 +96,3 @@ def tensor_shapes(path: Path, found: dict[str, tuple[str, str]]) -> dict[str, tu
             for n in ns:
                 out[n] = tuple(st.get_slice(found[n][0]).get_shape())
     return out
-
-
-def start_tensors(path: str | Path, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
-    """The tensors ``names`` (ours) from the directory, one at a time, as fresh float32 arrays; each file
-    opened once. StartCheckpointError if one is missing."""
-    d = Path(path)
-    found, _ = stored_names(d, names)
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise StartCheckpointError(
-            f"{d} lacks {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
-        )
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(found[n][1], []).append(n)
-    for f, ns in by_file.items():
-        with safe_open(str(d / f), framework="numpy") as st:
-            for n in ns:
-                yield n, np.array(st.get_tensor(found[n][0]), dtype=np.float32)

@@ -3,12 +3,15 @@ hostile indexes are refused by name, and the checksums cover the compressed byte
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
+from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import ChecksumError, ProtocolError
 from weightstream.transport.sparse import decode_index, encode_index, index_name, split_index
-from weightstream.transport.tensors import f32_to_bf16, read_messages, tensor_messages
+from weightstream.transport.tensors import f32_to_bf16, read_messages, tensor_messages, wire_nbytes
 
 
 @pytest.mark.parametrize(
@@ -76,3 +79,14 @@ def test_values_and_index_travel_bit_exactly_and_their_checksums_cover_the_compr
 def test_an_index_without_values_is_refused() -> None:
     with pytest.raises(ProtocolError, match="without values"):
         split_index({index_name("w", "delta"): np.ones(3, np.uint8)})
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_wire_nbytes_is_what_a_stream_carries(rng, bf16: bool) -> None:
+    """The workers' worker_wire_bytes count: float32 as bfloat16 in a bf16 job, an index as its bytes."""
+    sent = [("w", rng.standard_normal(300).astype(np.float32)), ("w::delta", np.ones(37, np.uint8))]
+    first = next(iter(tensor_messages(sent, bf16=bf16)))
+    (n,) = struct.unpack_from("<I", first)
+    header = pb.TensorSetHeader.FromString(first[4 : 4 + n])
+    assert [h.nbytes for h in header.tensors] == [wire_nbytes(a, bf16) for _, a in sent]
+    assert header.tensors[0].nbytes == (600 if bf16 else 1200)

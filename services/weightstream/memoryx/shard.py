@@ -31,13 +31,13 @@ import numpy as np
 from safetensors import safe_open
 
 from weightstream.checkpoint_layout import MASKS
-from weightstream.hf_checkpoint import start_tensors
 from weightstream.memoryx.sparse import SparseTensors
 from weightstream.memoryx.storage import (
     NonFiniteError,
     TensorSource,
     iter_tensors,
     read_step,
+    start_tensors,
     write_safetensors,
 )
 from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
@@ -52,15 +52,6 @@ from weightstream.transport.tensors import checksum
 __all__ = ["MemoryXShard", "StaleStepError"]
 
 log = logging.getLogger("weightstream.memoryx")
-
-
-def _take(loaded: Iterator[tuple[str, np.ndarray]], name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The next tensor of a starting checkpoint, which must be ``name`` of ``shape`` (the coordinator
-    checked the directory before the roles started; this holds should it have changed since)."""
-    got, w = next(loaded)
-    if got != name or w.shape != shape:
-        raise ValueError(f"starting checkpoint: {got} has shape {w.shape}, expected {name} of {shape}")
-    return w
 
 
 def _read_mask(path: Path, name: str) -> np.ndarray:
@@ -104,13 +95,18 @@ class MemoryXShard:
         self.step = 0
         self.generation = generation
         mine = {n: s for n, s in (sparsity or {}).items() if n in self.users}
-        self.sparse = SparseTensors(mine, {n: model.specs[n].shape for n in mine}, self._shared_arena())
+        shared = arena if storage_dir is None else None  # the store's arena: masks' indexes live there too
+        self.sparse = SparseTensors(mine, {n: model.specs[n].shape for n in mine}, shared)
         try:
             if resume_dir is None:
-                loaded = start_tensors(init_dir, self.names) if init_dir is not None else None
-                for n in self.names:  # one tensor at a time, straight into the store
-                    spec = model.specs[n]
-                    w = _take(loaded, n, spec.shape) if loaded is not None else init_tensor(spec, seed)
+                initial = (
+                    start_tensors(init_dir, self.names)
+                    if init_dir is not None
+                    else ((n, init_tensor(model.specs[n], seed)) for n in self.names)
+                )
+                for n, w in initial:  # one tensor at a time, straight into the store
+                    if w.shape != model.specs[n].shape:  # checked by the coordinator; holds if it changed
+                        raise ValueError(f"{init_dir}: {n} has shape {w.shape}, not {model.specs[n].shape}")
                     if n in self.sparse:  # the mask: from (seed, name), or the loaded weights (topk)
                         w = self.sparse.make(n, w)
                     self.store.put(n, w)
@@ -125,10 +121,6 @@ class MemoryXShard:
         self._sq_sum: float | None = None  # of this step's gradients, once complete
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
-
-    def _shared_arena(self) -> SharedArena | None:
-        store = self.store
-        return store.arena if isinstance(store, MemoryStore) else None
 
     def _shape(self, name: str) -> tuple[int, ...]:
         """What the store holds of tensor ``name`` (and its gradient): compact if sparse."""

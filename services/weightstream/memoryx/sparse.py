@@ -95,24 +95,24 @@ class SparseTensors:
     def dense_blocks(self, name: str, values: np.ndarray) -> Iterator[np.ndarray]:
         """``values`` scattered into the dense tensor, flat, in blocks of ``BLOCK_ELEMENTS`` (zeros
         elsewhere): a checkpoint file's bytes of the tensor, one block in memory at a time."""
-        positions = self.positions(name)
-        numel = self.numel(name)
-        block = np.empty(min(numel, BLOCK_ELEMENTS), dtype=np.float32)
-        for start in range(0, numel, BLOCK_ELEMENTS):
-            out = block[: min(BLOCK_ELEMENTS, numel - start)]
-            lo, hi = np.searchsorted(positions, [start, start + len(out)])
-            out[...] = 0.0
-            out[positions[lo:hi] - start] = values[lo:hi]
-            yield out
+        return self._scattered(name, values, np.float32)
 
     def mask_blocks(self, name: str) -> Iterator[np.ndarray]:
         """The mask (True = kept), flat, in blocks of ``BLOCK_ELEMENTS``."""
+        return self._scattered(name, np.True_, np.bool_)
+
+    def _scattered(self, name: str, values: np.ndarray | np.bool_, dtype: type) -> Iterator[np.ndarray]:
+        """``values`` (one per kept entry, or one for all) at their positions, zeros elsewhere, in blocks
+        (one buffer, reused: each block is written out before the next is made)."""
         positions = self.positions(name)
         numel = self.numel(name)
+        per_entry = isinstance(values, np.ndarray)
+        block = np.empty(min(numel, BLOCK_ELEMENTS), dtype=dtype)
         for start in range(0, numel, BLOCK_ELEMENTS):
-            out = np.zeros(min(BLOCK_ELEMENTS, numel - start), dtype=bool)
+            out = block[: min(BLOCK_ELEMENTS, numel - start)]
             lo, hi = np.searchsorted(positions, [start, start + len(out)])
-            out[positions[lo:hi] - start] = True
+            out[...] = 0
+            out[positions[lo:hi] - start] = values[lo:hi] if per_entry else values
             yield out
 
     def density(self) -> float:

@@ -23,9 +23,18 @@ from typing import BinaryIO
 import numpy as np
 
 from weightstream.checkpoint_layout import TRAINER_STATE, shard_file_name
+from weightstream.hf_checkpoint import stored_names
 from weightstream.storage_io import FILE_MODE, fsync_dir
 
-__all__ = ["NonFiniteError", "TensorSource", "iter_tensors", "load_tensors", "read_step", "write_safetensors"]
+__all__ = [
+    "NonFiniteError",
+    "TensorSource",
+    "iter_tensors",
+    "load_tensors",
+    "read_step",
+    "start_tensors",
+    "write_safetensors",
+]
 
 # name, shape, and a function giving the tensor's values (float32, or bool for masks) flat in blocks
 TensorSource = tuple[str, tuple[int, ...], Callable[[], Iterable[np.ndarray]]]
@@ -123,6 +132,20 @@ def iter_tensors(
                 if n not in have:
                     raise KeyError(f"checkpoint file {d / file} has no tensor {n!r}")
                 yield n, np.array(f.get_tensor(n), dtype=dtype)  # a writable copy
+
+
+def start_tensors(directory: str | Path, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """The tensors ``names`` (ours) of a Hugging Face directory (``hf_checkpoint``), one at a time, in the
+    order its files hold them, as fresh float32 arrays; FileNotFoundError naming what is missing."""
+    found, _ = stored_names(Path(directory), names)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise FileNotFoundError(
+            f"{directory} lacks {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
+    ours = {stored: n for n, (stored, _) in found.items()}
+    for stored, w in iter_tensors(directory, "model", [found[n][0] for n in names]):
+        yield ours[stored], w
 
 
 def read_step(directory: str | Path) -> int:

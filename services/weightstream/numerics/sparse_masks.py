@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["INIT_METHODS", "InitMethod", "SparsitySpec", "kept_count", "make_positions"]
+__all__ = ["INIT_METHODS", "InitMethod", "SparsitySpec", "kept_count", "kept_entries", "make_positions"]
 
 InitMethod = Literal["random", "topk", "balanced-topk", "checkerboard"]
 INIT_METHODS: tuple[str, ...] = InitMethod.__args__  # type: ignore[attr-defined]
@@ -54,6 +54,14 @@ def kept_count(numel: int, sparsity: float) -> int:
     return numel - math.ceil(Fraction(repr(sparsity)) * numel)
 
 
+def kept_entries(shape: tuple[int, ...], spec: SparsitySpec) -> int:
+    """How many entries ``make_positions`` keeps of a tensor of ``shape``: balanced-topk counts per row."""
+    rows, cols = shape
+    if spec.init_method == "balanced-topk":
+        return rows * kept_count(cols, spec.sparsity)
+    return kept_count(rows * cols, spec.sparsity)
+
+
 def make_positions(name: str, shape: tuple[int, ...], spec: SparsitySpec, weight: np.ndarray) -> np.ndarray:
     """The kept entries of tensor ``name`` [R, C] as ascending flat indices (int64). ``weight`` is the
     tensor's value when the mask is made (the magnitude methods rank it; the others ignore it)."""
@@ -69,7 +77,7 @@ def make_positions(name: str, shape: tuple[int, ...], spec: SparsitySpec, weight
         keep = np.argsort(-mag, axis=1, kind="stable")[:, :per_row]  # [R, per_row]
         out = (np.arange(rows, dtype=np.int64)[:, None] * cols + keep).reshape(-1)
         return np.sort(out)
-    kept = kept_count(numel, spec.sparsity)
+    kept = kept_entries(shape, spec)
     if method == "random":
         rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode()), _MASK_STREAM])
         return np.sort(rng.permutation(numel)[:kept].astype(np.int64))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from weightstream.numerics import ModelDef
-from weightstream.numerics.sparse_masks import SparsitySpec, kept_count
+from weightstream.numerics.sparse_masks import SparsitySpec, kept_entries
 from weightstream.params.errors import Problem
 from weightstream.params.schema import Params
 
@@ -88,12 +88,8 @@ def _resolve(p: Params, model: ModelDef) -> tuple[dict[str, SparsitySpec], list[
 
 def model_density(p: Params, model: ModelDef) -> float:
     """Non-zero weights over all weights, as the masks will make them (1.0 for a dense model)."""
-    specs = sparsity_specs(p, model)
-    zeros = 0
-    for n, spec in specs.items():
-        shape = model.specs[n].shape
-        if spec.init_method == "balanced-topk":
-            zeros += shape[0] * (shape[1] - kept_count(shape[1], spec.sparsity))
-        else:
-            zeros += model.specs[n].numel - kept_count(model.specs[n].numel, spec.sparsity)
-    return 1.0 - zeros / model.num_params
+    pruned = sum(
+        model.specs[n].numel - kept_entries(model.specs[n].shape, s)
+        for n, s in sparsity_specs(p, model).items()
+    )
+    return 1.0 - pruned / model.num_params

@@ -108,14 +108,4 @@ def _config_problems(theirs: dict[str, Any], ours: dict[str, Any], family: str) 
         )
         if scaling:
             return [f"config.json asks for RoPE scaling ({scaling}), which weightstream does not implement"]
-    return [
-        f"config.json {k} = {got[k]!r}, the params give {want[k]!r}"
-        for k in got
-        if not _same(got[k], want[k])
-    ]
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return a is not None and b is not None and abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(float(b)))
-    return a == b
+    return [f"config.json {k} = {got[k]!r}, the params give {want[k]!r}" for k in got if got[k] != want[k]]

@@ -138,7 +138,7 @@ class JobRunner:
             trim_metrics(self.model_dir / "metrics.jsonl", start_step)  # the steps after it run again
         elif self.rc.checkpoint_path is not None:  # checked before any role starts; the shards load it
             try:
-                notes = check_start_checkpoint(self.params, model_def(self.params), self.rc.checkpoint_path)
+                notes = check_start_checkpoint(self.params, self.model, self.rc.checkpoint_path)
             except StartCheckpointError as e:
                 raise JobFailed(str(e)) from None
             for note in notes:

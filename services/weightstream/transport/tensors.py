@@ -27,11 +27,13 @@ __all__ = [
     "CHUNK_BYTES",
     "NamedTensor",
     "Scratch",
+    "as_bf16",
     "bf16_to_f32",
     "checksum",
     "f32_to_bf16",
     "read_messages",
     "tensor_messages",
+    "wire_nbytes",
 ]
 
 # 4 MiB: large enough that per-message overhead is small, far below gRPC's message limit, and small
@@ -59,6 +61,16 @@ class Scratch(Protocol):
 def checksum(data: memoryview | np.ndarray) -> int:
     """CRC-32C of the bytes (what TensorHeader.crc32c holds)."""
     return crc32c(data)
+
+
+def as_bf16(arr: np.ndarray, bf16: bool) -> bool:
+    """Whether ``arr`` travels as bfloat16 in a stream with ``bf16``: float32 does, everything else as is."""
+    return bf16 and arr.dtype == np.float32
+
+
+def wire_nbytes(arr: np.ndarray, bf16: bool) -> int:
+    """The bytes ``arr``'s values take in a stream with ``bf16``."""
+    return arr.nbytes // 2 if as_bf16(arr, bf16) else arr.nbytes
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -95,7 +107,7 @@ def tensor_messages(
     header = pb.TensorSetHeader(head=head)
     wires: list[tuple[str, tuple[int, ...], np.ndarray, str]] = []  # name, shape, bytes, wire dtype
     for name, arr in tensors:
-        if bf16 and arr.dtype == np.float32:
+        if as_bf16(arr, bf16):
             wire, dtype = f32_to_bf16(arr), "bfloat16"
         else:
             wire, dtype = np.ascontiguousarray(arr), arr.dtype.name

@@ -25,7 +25,7 @@ from weightstream.transport.rpc import (
     tensors_out_client,
 )
 from weightstream.transport.shm import SharedArena
-from weightstream.transport.tensors import read_messages
+from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
 from weightstream.worker.sparse import SparseAssembler
@@ -71,7 +71,7 @@ class SwarmParent:
 
     def _counted(self, arrays: Iterable[np.ndarray]) -> None:
         """Add the bytes ``arrays`` take on the wire (float32 travels as bfloat16 in a bf16 job)."""
-        n = sum(a.nbytes // 2 if self.bf16 and a.dtype == np.float32 else a.nbytes for a in arrays)
+        n = sum(wire_nbytes(a, self.bf16) for a in arrays)
         with self._count:
             self.wire_bytes += n
 

@@ -16,7 +16,7 @@ from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import optimizer_step
 from weightstream.numerics.sparse_masks import INIT_METHODS, SparsitySpec, kept_count, make_positions
 from weightstream.params import load_params, model_def, optimizer_config
-from weightstream.params.sparsity import sparsity_specs
+from weightstream.params.sparsity import model_density, sparsity_specs
 from weightstream.transport.sparse import decode_index, split_index
 
 SPARSE = {**TINY, "sparsity": {"sparsity": 0.75, "init_method": "random"}}
@@ -234,3 +234,16 @@ def test_a_shard_starts_from_a_hugging_face_directory_and_masks_those_weights(
         else:
             assert np.array_equal(shard.dense(n), w), n
         assert not shard.dense(f"{n}.exp_avg").any() and shard.step == 0
+
+
+@pytest.mark.parametrize("method", INIT_METHODS)
+def test_the_reported_density_is_that_of_the_masks_made(method: str) -> None:
+    """What wsctl and REST show (model_density) counts exactly the entries the masks keep."""
+    p = load_params({**TINY, "sparsity": {"sparsity": 0.7, "init_method": method}})
+    model = model_def(p)
+    kept = 0
+    for n, spec in model.specs.items():
+        sparse = sparsity_specs(p, model).get(n)
+        w = init_tensor(spec, 7)
+        kept += len(make_positions(n, spec.shape, sparse, w)) if sparse else spec.numel
+    assert model_density(p, model) == pytest.approx(kept / model.num_params, abs=1e-12)
