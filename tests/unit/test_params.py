@@ -130,7 +130,7 @@ BAD = [
         "max_position_embeddings",
     ),
     ("vocab too small for bytes", ("model.vocab_size", 100), "model.vocab_size", "256"),
-    ("unsupported dropout", ("model.attention_dropout_rate", 0.1), "model.attention_dropout_rate", "0.0"),
+    ("dropout of 1", ("model.attention_dropout_rate", 1.0), "model.attention_dropout_rate", "less than 1"),
     ("dropout out of range", ("model.dropout_rate", 1.0), "model.dropout_rate", "less than 1"),
     (
         "unsupported position type",
@@ -146,10 +146,10 @@ BAD = [
         "does not implement",
     ),
     (
-        "ModelZoo loader knob",
-        ("train_input.prefetch_factor", 8),
-        "train_input.prefetch_factor",
-        "does not implement",
+        "ModelZoo key whose value would change training",
+        ("train_input.repeat", False),
+        "train_input.repeat",
+        "cannot be honoured",
     ),
     (
         "ModelZoo optimizer key",
@@ -196,7 +196,7 @@ BAD = [
     ("momentum on adam", ("optimizer.momentum", 0.9), "optimizer.momentum", "sgd"),
     (
         "unknown scheduler",
-        ("optimizer.learning_rate.1.scheduler", "Exponential"),
+        ("optimizer.learning_rate.1.scheduler", "StepLR"),
         "optimizer.learning_rate[1].scheduler",
         "CosineDecay",
     ),
@@ -295,9 +295,7 @@ def test_all_problems_are_reported_at_once() -> None:
 
 def test_overrides_replace_runconfig_and_are_validated() -> None:
     assert load_params(GOOD, overrides={"num_csx": 4}).runconfig.num_csx == 4
-    with pytest.raises(
-        ParamsError, match=r"train_input.batch_size: must be divisible by runconfig.num_csx=5"
-    ):
+    with pytest.raises(ParamsError, match=r"train_input.batch_size: must be divisible by --num_csx=5"):
         load_params(GOOD, overrides={"num_csx": 5})
 
 

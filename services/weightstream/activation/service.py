@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 
 from weightstream.data import DataProcessor, make_data_processor
+from weightstream.data.loss_scaling import NUM_TOKENS, LossScaling, loss_denominator, loss_scaling
 from weightstream.params import load_params
 from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
@@ -19,28 +20,34 @@ __all__ = ["ActivationServer", "add_servicer", "build", "reconfigure"]
 
 
 class ActivationServer:
-    def __init__(self, train: DataProcessor, eval_: DataProcessor | None) -> None:
+    def __init__(
+        self, train: DataProcessor, eval_: DataProcessor | None, scaling: LossScaling = NUM_TOKENS
+    ) -> None:
         self.splits = {"train": train, **({"eval": eval_} if eval_ is not None else {})}
+        self.scaling = scaling
 
     def batch(
         self, split: str, step: int, worker: int, num_workers: int
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(inputs, targets, counted targets of the whole global batch) of worker ``worker``'s shard: the
-        loss's denominator, which the worker cannot count from its shard alone."""
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(inputs, targets, the loss's denominator for the whole global batch) of worker ``worker``'s
+        shard: the counted targets of the global batch (or batch_size / loss_weight, see
+        ``data.loss_scaling``), which the worker cannot tell from its shard alone."""
         if split not in self.splits:
             raise ValueError(f"no {split!r} data (have: {', '.join(self.splits)})")
         if not 0 <= worker < num_workers:
             raise ValueError(f"worker {worker} out of range for {num_workers} workers")
         data = self.splits[split]
         x, y = data.shard(step, worker, num_workers)
-        return x, y, data.global_tokens(step)
+        return x, y, loss_denominator(data, step, self.scaling)
 
 
 def build(job: JobSpec) -> ActivationServer:
     p = load_params(job.params)
     train = make_data_processor(p.train_input, p.model, "train")
     return ActivationServer(
-        train, make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None
+        train,
+        make_data_processor(p.eval_input, p.model, "eval") if p.eval_input else None,
+        loss_scaling(p.model),
     )
 
 
@@ -61,7 +68,8 @@ class ActivationServicer:
         except Exception as e:
             abort_on_error(context, e)
         yield from tensor_messages(
-            [("inputs", x), ("targets", y), ("denom", np.array([denom], dtype=np.int64))]
+            # float64: batch_size / loss_weight is no integer, and a count is exact in it up to 2**53
+            [("inputs", x), ("targets", y), ("denom", np.array([denom], dtype=np.float64))]
         )
 
 

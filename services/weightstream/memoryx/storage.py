@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 
 from weightstream.checkpoint_layout import TRAINER_STATE, shard_file_name
-from weightstream.hf_checkpoint import stored_names
+from weightstream.hf_checkpoint import bin_tensors, stored_names
 from weightstream.storage_io import FILE_MODE, fsync_dir
 
 __all__ = [
@@ -135,8 +135,9 @@ def iter_tensors(
 
 
 def start_tensors(directory: str | Path, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
-    """The tensors ``names`` (ours) of a Hugging Face directory (``hf_checkpoint``), one at a time, in the
-    order its files hold them, as fresh float32 arrays; FileNotFoundError naming what is missing."""
+    """The tensors ``names`` (ours) of a Hugging Face directory (``hf_checkpoint``: safetensors, or
+    pytorch_model*.bin read with torch), one at a time, grouped by the file holding them, as fresh float32
+    arrays; FileNotFoundError naming what is missing."""
     found, _ = stored_names(Path(directory), names)
     missing = [n for n in names if n not in found]
     if missing:
@@ -144,7 +145,11 @@ def start_tensors(directory: str | Path, names: Sequence[str]) -> Iterator[tuple
             f"{directory} lacks {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
         )
     ours = {stored: n for n, (stored, _) in found.items()}
-    for stored, w in iter_tensors(directory, "model", [found[n][0] for n in names]):
+    if any(f.endswith(".bin") for _, f in found.values()):  # no safetensors beside them (hf_checkpoint)
+        tensors = bin_tensors(Path(directory), [found[n] for n in names])
+    else:
+        tensors = iter_tensors(directory, "model", [found[n][0] for n in names])
+    for stored, w in tensors:
         yield ours[stored], w
 
 

@@ -4,10 +4,11 @@ Exactly the Hugging Face ``GPT2LMHeadModel`` architecture (learned positions, pr
 multi-head attention, tanh-GELU MLP, biases, head tied to ``wte``) with its parameter names and its
 Conv1D layout (weights stored [in, out]), so checkpoints load into ``transformers`` as they are.
 
-Dropout is Hugging Face's ``embd_pdrop`` (``embedding_dropout_rate``: on wte + wpe) and ``resid_pdrop``
-(``dropout_rate``: on each block's two projections, bias included, before their residual adds), active
-only under a ``dropout.dropout_scope`` (see dropout.py); attention dropout is not implemented. Each site
-is named after its Hugging Face module (``transformer.h.3.attn.resid_dropout``), which seeds its masks.
+Dropout is Hugging Face's ``embd_pdrop`` (``embedding_dropout_rate``: on wte + wpe), ``resid_pdrop``
+(``dropout_rate``: on each block's two projections, bias included, before their residual adds) and
+``attn_pdrop`` (``attention_dropout_rate``: on the attention probabilities, see attention.py), active only
+under a ``dropout.dropout_scope`` (see dropout.py). Each site is named after its Hugging Face module
+(``transformer.h.3.attn.resid_dropout``, ``transformer.h.3.attn.attn_dropout``), which seeds its masks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from weightstream.numerics.dropout import (
     dropout_forward,
     dropout_mask,
 )
+from weightstream.numerics.init import Initializer
 from weightstream.numerics.layers import (
     add_bias_residual,
     add_layer_norm_forward,
@@ -38,7 +40,7 @@ from weightstream.numerics.layers import (
     linear_backward,
     linear_forward,
 )
-from weightstream.numerics.model import ModelDef, Params, ParamSpec
+from weightstream.numerics.model import ModelDef, Params, ParamSpec, weight_spec
 from weightstream.numerics.sparse import matmul_any, weight_grad
 
 __all__ = ["GPT2Config", "build_gpt2"]
@@ -61,10 +63,18 @@ class GPT2Config:
     tie_word_embeddings: bool = True
     dropout_rate: float = 0.0  # Hugging Face's resid_pdrop
     embedding_dropout_rate: float = 0.0  # Hugging Face's embd_pdrop
+    attention_dropout_rate: float = 0.0  # Hugging Face's attn_pdrop
     activation: Literal["gelu_new", "gelu"] = "gelu_new"  # Hugging Face's activation_function: tanh or erf
+    # ModelZoo's initializer keys (init.py), None where left out: ModelZoo's default, normal(0,
+    # initializer_range) cut at 2 std, the two c_proj's (without either key) scaled by 1/sqrt(2 n_layer).
+    # initializer: c_attn and c_fc, and the two c_proj unless output_layer_initializer is given (then
+    # unscaled, as ModelZoo); embedding_initializer: wte and wpe
+    initializer: Initializer | None = None
+    embedding_initializer: Initializer | None = None
+    output_layer_initializer: Initializer | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dropout_rate", "embedding_dropout_rate"):
+        for name in ("dropout_rate", "embedding_dropout_rate", "attention_dropout_rate"):
             rate = getattr(self, name)
             if not 0.0 <= rate < 1.0:  # also refuses NaN
                 raise ValueError(f"GPT2Config.{name} must be in [0, 1) (got {rate!r})")
@@ -103,12 +113,19 @@ class BlockUnit:
     """One pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). [B, T, C] -> [B, T, C]."""
 
     def __init__(
-        self, index: int, n_head: int, eps: float, dropout_rate: float = 0.0, exact_gelu: bool = False
+        self,
+        index: int,
+        n_head: int,
+        eps: float,
+        dropout_rate: float = 0.0,
+        exact_gelu: bool = False,
+        attention_dropout_rate: float = 0.0,
     ) -> None:
         self.name = f"h.{index}"
         self.prefix = p = f"transformer.h.{index}."
         self.n_head, self.eps, self.dropout_rate, self.exact_gelu = n_head, eps, dropout_rate, exact_gelu
         self.attn_dropout_site, self.mlp_dropout_site = p + "attn.resid_dropout", p + "mlp.dropout"
+        self.attention_dropout_rate, self.probs_dropout_site = attention_dropout_rate, p + "attn.attn_dropout"
         self.param_names = tuple(
             p + s
             for s in (
@@ -139,7 +156,9 @@ class BlockUnit:
             qkv_t = matmul_any(
                 w["attn.c_attn.weight"].T, h1.reshape(n, c).T, bias=w["attn.c_attn.bias"][:, None]
             )
-            a_t, att = attention_forward_t(qkv_t, b, self.n_head)  # [C, N]
+            rate = self.attention_dropout_rate  # on the probabilities: a mask [B, H, keys, queries] or None
+            m_probs = dropout_mask(self.probs_dropout_site, (b, self.n_head, t, t), rate)
+            a_t, att = attention_forward_t(qkv_t, b, self.n_head, keep=m_probs, rate=rate)  # [C, N]
             # The other three biases are added by the elementwise pass that follows each product.
             x1 = matmul_any(a_t.T, w["attn.c_proj.weight"]).reshape(b, t, c)
             m_attn = dropout_mask(self.attn_dropout_site, x1.shape, self.dropout_rate)  # [B, T, C] or None
@@ -261,26 +280,35 @@ class HeadUnit:
 
 
 def build_gpt2(cfg: GPT2Config) -> ModelDef:
+    """The model's units and its tensors, in ``GPT2LMHeadModel.state_dict()``'s order (a tied head has no
+    ``lm_head.weight`` of its own). Initialisation is ModelZoo's (``gpt2_model.py``): a weight whose key is
+    left out is normal(0, initializer_range) truncated at 2 std either side (``default_initializer``), the
+    attention and MLP output projections with std and bounds scaled by (2 n_layer)^-0.5 unless
+    ``initializer`` or ``output_layer_initializer`` is given; an untied head normal(0, initializer_range)
+    whatever the keys say; biases 0, LayerNorm weights 1."""
     c, f, std = cfg.n_embd, cfg.n_inner, cfg.initializer_range
-    proj_std = std / math.sqrt(2 * cfg.n_layer)  # GPT-2's scaling of the residual projections
+    proj_std = std / math.sqrt(2 * cfg.n_layer)  # ModelZoo's depth scaling of the residual projections
+    emb, body, out = cfg.embedding_initializer, cfg.initializer, cfg.output_layer_initializer
+    out = out if out is not None else body  # ModelZoo: without its own key a projection takes `initializer`
     specs = [
-        ParamSpec(WTE, (cfg.vocab_size, c), "normal", std),
-        ParamSpec(WPE, (cfg.n_positions, c), "normal", std),
+        weight_spec(WTE, (cfg.vocab_size, c), emb, std),
+        weight_spec(WPE, (cfg.n_positions, c), emb, std),
     ]
     for i in range(cfg.n_layer):
         p = f"transformer.h.{i}."
         specs += [
             ParamSpec(p + "ln_1.weight", (c,), "ones"),
             ParamSpec(p + "ln_1.bias", (c,), "zeros"),
-            ParamSpec(p + "attn.c_attn.weight", (c, 3 * c), "normal", std),
+            # Conv1D weights are [in, out]; fans are those of ModelZoo's nn.Linear (c_attn: each of q, k, v)
+            weight_spec(p + "attn.c_attn.weight", (c, 3 * c), body, std, fans=(c, c)),
             ParamSpec(p + "attn.c_attn.bias", (3 * c,), "zeros"),
-            ParamSpec(p + "attn.c_proj.weight", (c, c), "normal", proj_std),
+            weight_spec(p + "attn.c_proj.weight", (c, c), out, proj_std, fans=(c, c)),
             ParamSpec(p + "attn.c_proj.bias", (c,), "zeros"),
             ParamSpec(p + "ln_2.weight", (c,), "ones"),
             ParamSpec(p + "ln_2.bias", (c,), "zeros"),
-            ParamSpec(p + "mlp.c_fc.weight", (c, f), "normal", std),
+            weight_spec(p + "mlp.c_fc.weight", (c, f), body, std, fans=(c, f)),
             ParamSpec(p + "mlp.c_fc.bias", (f,), "zeros"),
-            ParamSpec(p + "mlp.c_proj.weight", (f, c), "normal", proj_std),
+            weight_spec(p + "mlp.c_proj.weight", (f, c), out, proj_std, fans=(f, c)),
             ParamSpec(p + "mlp.c_proj.bias", (c,), "zeros"),
         ]
     specs += [
@@ -292,7 +320,14 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
     units = (
         EmbeddingUnit(cfg.embedding_dropout_rate),
         *(
-            BlockUnit(i, cfg.n_head, cfg.layer_norm_epsilon, cfg.dropout_rate, cfg.activation == "gelu")
+            BlockUnit(
+                i,
+                cfg.n_head,
+                cfg.layer_norm_epsilon,
+                cfg.dropout_rate,
+                cfg.activation == "gelu",
+                cfg.attention_dropout_rate,
+            )
             for i in range(cfg.n_layer)
         ),
         HeadUnit(cfg.layer_norm_epsilon, cfg.tie_word_embeddings),

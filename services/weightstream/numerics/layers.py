@@ -300,8 +300,9 @@ def cross_entropy_forward(
 
     A negative target (-1: padding) is ignored: its loss is 0 and its gradient row is 0 (torch's
     ``ignore_index``). ``denom`` is the number of counted (non-negative) targets of the *global* batch,
-    not of this worker's shard: summing the workers' gradients then gives exactly the gradient of the
-    global mean loss, whatever N is.
+    not of this worker's shard (or, with ModelZoo's ``loss_scaling: batch_size``, the global batch size
+    / loss_weight): summing the workers' gradients then gives exactly the gradient of the global loss,
+    whatever N is.
     """
     v = logits.shape[-1]
     z = logits.reshape(-1, v)  # [N, V]

@@ -11,6 +11,7 @@ product that writes [C, N] directly, and o_proj reads the [C, N] result transpos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from weightstream.numerics._blocked import matmul, single_threaded_blas, sum_rows
 from weightstream.numerics._memory import retain_freed_memory
 from weightstream.numerics.attention import attention_backward_t, attention_forward_t
+from weightstream.numerics.init import Initializer
 from weightstream.numerics.layers import embedding_backward
 from weightstream.numerics.llama_layers import (
     add_residual,
@@ -32,7 +34,8 @@ from weightstream.numerics.llama_layers import (
     swiglu_backward,
     swiglu_forward,
 )
-from weightstream.numerics.model import ModelDef, Params, ParamSpec
+from weightstream.numerics.model import ModelDef, Params, ParamSpec, weight_spec
+from weightstream.numerics.rope_scaling import RopeScaling
 from weightstream.numerics.sparse import SparseWeight, matmul_any, weight_grad
 
 __all__ = ["LlamaConfig", "build_llama"]
@@ -62,6 +65,14 @@ class LlamaConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None  # linear or llama3 (rope_scaling.py); None: plain RoPE
+    # ModelZoo's initializer keys (init.py), None where left out: ModelZoo's default, normal(0,
+    # initializer_range) cut at 2 std, o and down (without either key) scaled by 1/sqrt(2 num_layers).
+    # initializer: q, k, v, gate, up, and o, down unless output_layer_initializer is given (then unscaled,
+    # as ModelZoo); embedding_initializer: embed
+    initializer: Initializer | None = None
+    embedding_initializer: Initializer | None = None
+    output_layer_initializer: Initializer | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,7 +135,7 @@ class DecoderLayerUnit:
         self.name = f"layers.{index}"
         self.prefix = p = f"model.layers.{index}."
         self.n_head, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.eps, self.theta = cfg.rms_norm_eps, cfg.rope_theta
+        self.eps, self.theta, self.scaling = cfg.rms_norm_eps, cfg.rope_theta, cfg.rope_scaling
         self.n_rep = cfg.num_heads // cfg.num_kv_heads  # query heads per key/value head
         self.kv_dim = cfg.num_kv_heads * cfg.head_dim
         self.attn_bias, self.mlp_bias = cfg.attention_bias, cfg.mlp_bias
@@ -149,8 +160,8 @@ class DecoderLayerUnit:
                     out=rows,
                     bias=self._bias(w, f"self_attn.{proj}", True),
                 )
-            rope_forward_t(qkv_t[:c], b, hd, self.theta, out=qkv_t[:c])
-            rope_forward_t(kv_t[:kvd], b, hd, self.theta, out=kv_t[:kvd])
+            rope_forward_t(qkv_t[:c], b, hd, self.theta, out=qkv_t[:c], scaling=self.scaling)
+            rope_forward_t(kv_t[:kvd], b, hd, self.theta, out=kv_t[:kvd], scaling=self.scaling)
             if self.n_rep > 1:
                 repeat_kv_t(kv_t[:kvd], self.n_rep, hd, out=qkv_t[c : 2 * c])
                 repeat_kv_t(kv_t[kvd:], self.n_rep, hd, out=qkv_t[2 * c :])
@@ -215,8 +226,8 @@ class DecoderLayerUnit:
             if self.n_rep > 1:
                 reduce_kv_t(dqkv_t[c : 2 * c], self.n_rep, hd, out=d_t[c : c + kvd])
                 reduce_kv_t(dqkv_t[2 * c :], self.n_rep, hd, out=d_t[c + kvd :])
-            rope_backward_t(dqkv_t[:c], b, hd, self.theta, out=d_t[:c])
-            rope_backward_t(d_t[c : c + kvd], b, hd, self.theta, out=d_t[c : c + kvd])
+            rope_backward_t(dqkv_t[:c], b, hd, self.theta, out=d_t[:c], scaling=self.scaling)
+            rope_backward_t(d_t[c : c + kvd], b, hd, self.theta, out=d_t[c : c + kvd], scaling=self.scaling)
             parts = (("q_proj", slice(0, c)), ("k_proj", slice(c, c + kvd)), ("v_proj", slice(c + kvd, None)))
             for proj, rows in parts:
                 grads[f"self_attn.{proj}.weight"] = weight_grad(
@@ -298,9 +309,12 @@ def _layer_suffixes(cfg: LlamaConfig) -> list[str]:
 
 def build_llama(cfg: LlamaConfig) -> ModelDef:
     """The model's units and its tensors, in ``LlamaForCausalLM.state_dict()``'s order (a tied head has
-    no ``lm_head.weight`` of its own). Initialisation is HF's ``_init_weights``: normal(0,
-    initializer_range) for the embedding and every linear weight (no residual scaling), biases 0, norm
-    weights 1."""
+    no ``lm_head.weight`` of its own). Initialisation is ModelZoo's (its LLaMA is its GPT-2 model,
+    ``gpt2_model.py``), not Hugging Face's ``_init_weights``: a weight whose key is left out is normal(0,
+    initializer_range) truncated at 2 std either side (``default_initializer``), o_proj and down_proj with
+    std and bounds scaled by (2 num_layers)^-0.5 unless ``initializer`` or ``output_layer_initializer`` is
+    given (see LlamaConfig); an untied head normal(0, initializer_range) whatever the keys say; biases 0,
+    norm weights 1."""
     c, f, kvd, std = (
         cfg.hidden_size,
         cfg.intermediate_size,
@@ -309,7 +323,10 @@ def build_llama(cfg: LlamaConfig) -> ModelDef:
     )
     shapes = {"q_proj": (c, c), "k_proj": (kvd, c), "v_proj": (kvd, c), "o_proj": (c, c)}
     shapes |= {"gate_proj": (f, c), "up_proj": (f, c), "down_proj": (c, f)}
-    specs = [ParamSpec(EMBED, (cfg.vocab_size, c), "normal", std)]
+    proj_std = std / math.sqrt(2 * cfg.num_layers)  # ModelZoo's depth scaling, as GPT-2's
+    body, out = cfg.initializer, cfg.output_layer_initializer
+    out = out if out is not None else body  # ModelZoo: without its own key a projection takes `initializer`
+    specs = [weight_spec(EMBED, (cfg.vocab_size, c), cfg.embedding_initializer, std)]
     for i in range(cfg.num_layers):
         for suffix in _layer_suffixes(cfg):
             name = f"model.layers.{i}.{suffix}"
@@ -318,8 +335,11 @@ def build_llama(cfg: LlamaConfig) -> ModelDef:
                 specs.append(ParamSpec(name, (c,), "ones"))
             elif kind == "bias":
                 specs.append(ParamSpec(name, (shapes[module][0],), "zeros"))
-            else:
-                specs.append(ParamSpec(name, shapes[module], "normal", std))
+            else:  # nn.Linear's own [out, in] layout: torch's fans
+                if module in ("o_proj", "down_proj"):
+                    specs.append(weight_spec(name, shapes[module], out, proj_std))
+                else:
+                    specs.append(weight_spec(name, shapes[module], body, std))
     specs.append(ParamSpec(NORM, (c,), "ones"))
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))

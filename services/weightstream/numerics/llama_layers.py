@@ -10,7 +10,8 @@ Conventions are Hugging Face's ``LlamaForCausalLM``:
 - RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (HF computes it in float32 whatever the input; here
   it runs in the input dtype).
 - Rotary: within each head of D features, feature i pairs with i + D/2 ("rotate_half"), rotated by the
-  angle t * theta^(-2i/D) at position t = 0..T-1 of each sequence.
+  angle t * theta^(-2i/D) at position t = 0..T-1 of each sequence; with RoPE scaling (linear, llama3)
+  theta^(-2i/D) is replaced by ``rope_scaling.rope_inv_freq``'s scaled frequencies.
 - Grouped-query attention: attention head h reads key/value head h // (H / KV) (``repeat_kv``).
 
 Notation: N tokens, C hidden, H heads, KV key/value heads, D = C // H, F the MLP's inner size.
@@ -25,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from weightstream.numerics._blocked import for_row_blocks, rows2, run_tasks
+from weightstream.numerics.rope_scaling import RopeScaling, rope_inv_freq
 
 __all__ = [
     "RMSNormSaved",
@@ -149,13 +151,16 @@ def rms_norm_backward(
 # Rotary position embedding, feature-major
 # ---------------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=16)
-def rope_tables(t: int, head_dim: int, theta: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin), each [D/2, T] and read-only: angle[i, t] = t * theta^(-2i/D).
+def rope_tables(
+    t: int, head_dim: int, theta: float, dtype: np.dtype, scaling: RopeScaling | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin), each [D/2, T] and read-only: angle[i, t] = t * inv_freq[i], inv_freq = theta^(-2i/D)
+    unless ``scaling`` scales it (``rope_scaling.rope_inv_freq``).
 
     HF's cos/sin are [T, D] with the half repeated (cat(freqs, freqs)); one half is all rotate_half needs.
     Computed in float64 and rounded once to ``dtype`` (HF multiplies in float32, so at position 2048 its
     angles are off by up to ~1e-4 rad; ours are correctly rounded)."""
-    inv_freq = float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # [D/2]
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [D/2]
     angle = inv_freq[:, None] * np.arange(t, dtype=np.float64)[None, :]  # [D/2, T]
     cos, sin = np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False
@@ -163,7 +168,13 @@ def rope_tables(t: int, head_dim: int, theta: float, dtype: np.dtype) -> tuple[n
 
 
 def _rotate_t(
-    x_t: np.ndarray, batch: int, head_dim: int, theta: float, sign: float, out: np.ndarray | None
+    x_t: np.ndarray,
+    batch: int,
+    head_dim: int,
+    theta: float,
+    sign: float,
+    out: np.ndarray | None,
+    scaling: RopeScaling | None,
 ) -> np.ndarray:
     """Rotate each (i, i + D/2) pair of every head by sign * angle. x_t [heads * D, N] -> same."""
     rows, n = x_t.shape
@@ -174,7 +185,7 @@ def _rotate_t(
     heads = rows // head_dim
     # [heads, halves, D/2, B, T]. Only splits axes, so always a view (whatever the strides): writes land.
     x5, y5 = x_t.reshape(heads, 2, half, batch, t), y_t.reshape(heads, 2, half, batch, t)
-    cos, sin = rope_tables(t, head_dim, theta, np.dtype(x_t.dtype))
+    cos, sin = rope_tables(t, head_dim, theta, np.dtype(x_t.dtype), scaling)
     c, s = cos[:, None, :], (sin if sign > 0 else -sin)[:, None, :]  # [D/2, 1, T]: broadcast over batch
 
     def run(hs: slice) -> None:
@@ -191,17 +202,27 @@ def _rotate_t(
 
 
 def rope_forward_t(
-    x_t: np.ndarray, batch: int, head_dim: int, theta: float, out: np.ndarray | None = None
+    x_t: np.ndarray,
+    batch: int,
+    head_dim: int,
+    theta: float,
+    out: np.ndarray | None = None,
+    scaling: RopeScaling | None = None,
 ) -> np.ndarray:
     """q or k feature-major [heads * D, N] -> rotated, same shape (``out`` may be ``x_t``: in place)."""
-    return _rotate_t(x_t, batch, head_dim, theta, 1.0, out)
+    return _rotate_t(x_t, batch, head_dim, theta, 1.0, out, scaling)
 
 
 def rope_backward_t(
-    dy_t: np.ndarray, batch: int, head_dim: int, theta: float, out: np.ndarray | None = None
+    dy_t: np.ndarray,
+    batch: int,
+    head_dim: int,
+    theta: float,
+    out: np.ndarray | None = None,
+    scaling: RopeScaling | None = None,
 ) -> np.ndarray:
     """The rotation is orthogonal, so its gradient is the rotation by the opposite angle."""
-    return _rotate_t(dy_t, batch, head_dim, theta, -1.0, out)
+    return _rotate_t(dy_t, batch, head_dim, theta, -1.0, out, scaling)
 
 
 # ---------------------------------------------------------------------------------------------------------

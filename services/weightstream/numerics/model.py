@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from weightstream.numerics.init import Initializer, sample
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
 
 __all__ = [
@@ -22,10 +23,12 @@ __all__ = [
     "ParamSpec",
     "Unit",
     "accumulate_grads",
+    "default_initializer",
     "forward_backward",
     "forward_loss",
     "init_params",
     "init_tensor",
+    "weight_spec",
 ]
 
 Params = Mapping[str, np.ndarray]
@@ -33,12 +36,15 @@ Params = Mapping[str, np.ndarray]
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One named tensor: its shape and how it is initialised (``scale`` is the std or the bound)."""
+    """One named tensor: its shape and how it is initialised: a kind with ``scale`` (the std or the bound),
+    or a ModelZoo initializer (init.py) with ``fans``, the (fan_in, fan_out) of the torch layer ModelZoo
+    builds for the tensor where its layout is not torch's (None: torch's rule on ``shape``)."""
 
     name: str
     shape: tuple[int, ...]
-    init: Literal["normal", "uniform", "zeros", "ones"]
+    init: Literal["normal", "uniform", "zeros", "ones"] | Initializer
     scale: float = 0.0
+    fans: tuple[int, int] | None = None
 
     @property
     def numel(self) -> int:
@@ -106,11 +112,33 @@ def init_tensor(spec: ParamSpec, seed: int) -> np.ndarray:
     if spec.init == "ones":
         return np.ones(spec.shape, dtype=np.float32)
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    if isinstance(spec.init, Initializer):
+        return sample(spec.init, spec.shape, rng, spec.fans)
     if spec.init == "normal":
         t = rng.standard_normal(spec.shape, dtype=np.float32)
         t *= np.float32(spec.scale)
         return t
     return rng.uniform(-spec.scale, spec.scale, size=spec.shape).astype(np.float32)
+
+
+def default_initializer(std: float) -> Initializer:
+    """ModelZoo's default for a weight whose initializer key is left out: ``TruncatedNormalInitializer(
+    mean=0, std=initializer_range)``, which cuts at 2 std either side (absolute bounds). GPT-2's and
+    LLaMA's output projections take it with ``std`` already scaled by (2 num_hidden_layers)^-0.5: ModelZoo's
+    ``scale_initializers_by_dimension`` scales the std and both bounds alike, so they stay at 2 std."""
+    return Initializer("truncated_normal", mean=0.0, std=std, a=-2.0 * std, b=2.0 * std)
+
+
+def weight_spec(
+    name: str,
+    shape: tuple[int, ...],
+    chosen: Initializer | None,
+    std: float,
+    fans: tuple[int, int] | None = None,
+) -> ParamSpec:
+    """A weight initialised by ``chosen`` (a ModelZoo initializer key) if given, else by ModelZoo's
+    default, ``default_initializer(std)``: normal(0, std) truncated at 2 std either side."""
+    return ParamSpec(name, shape, chosen if chosen is not None else default_initializer(std), fans=fans)
 
 
 def init_params(model: ModelDef, seed: int, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -143,7 +171,8 @@ def forward_backward(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """One micro-batch through every unit and back, all weights resident: the in-process reference.
 
-    ``denom`` is the number of target tokens of the whole global batch (see ``cross_entropy_forward``).
+    ``denom`` is the whole global batch's loss denominator: its counted target tokens, or batch_size /
+    loss_weight (see ``cross_entropy_forward``).
     Returns the loss contribution and the gradient of every parameter (tied contributions summed).
     """
     saved: list[Any] = []

@@ -19,6 +19,7 @@ __all__ = [
     "SUM_BLOCK",
     "UPDATE_BLOCK",
     "OptimizerConfig",
+    "ScheduleKind",
     "SchedulePiece",
     "adam_step",
     "add_sq_sum",
@@ -105,19 +106,48 @@ def sgd_step(
 # ---------------------------------------------------------------------------------------------------------
 # One entry point for MemoryX: a config, named state buffers per tensor
 # ---------------------------------------------------------------------------------------------------------
+ScheduleKind = Literal["Constant", "Linear", "CosineDecay", "Exponential", "Polynomial"]
+
+
 @dataclass(frozen=True)
 class SchedulePiece:
-    """One piece of a learning-rate schedule, ``total_iters`` steps long (ModelZoo's names)."""
+    """One piece of a learning-rate schedule, ``total_iters`` steps long, with ModelZoo's names and the
+    formulas of its LR schedulers (cerebras.pytorch 2.10: ConstantLR, LinearLR, CosineDecayLR,
+    ExponentialLR, PolynomialLR), evaluated in float64. ``end_learning_rate`` is used by Linear,
+    CosineDecay and Polynomial; ``decay_rate`` and ``staircase`` by Exponential; ``power`` by Polynomial.
 
-    scheduler: Literal["Constant", "Linear", "CosineDecay"]
+    ModelZoo's ``cycle`` (LinearLR, PolynomialLR) has no field: its factor ceil((t + 1) / total_iters)
+    is 1 at every t < total_iters, and from total_iters on ModelZoo returns the end value whatever
+    ``cycle`` says, so it never changes a learning rate.
+    """
+
+    scheduler: ScheduleKind
     initial_learning_rate: float
     end_learning_rate: float
     total_iters: int
+    decay_rate: float = 1.0
+    staircase: bool = False
+    power: float = 1.0
 
     def at(self, t: int) -> float:
-        """Learning rate ``t`` steps into this piece (held at the end value once t >= total_iters)."""
+        """Learning rate ``t`` steps into this piece (t >= 0). Past ``total_iters`` (where only the last
+        piece of a schedule goes) Constant, Linear, CosineDecay and Polynomial hold their end value,
+        while Exponential keeps decaying, as each does in ModelZoo."""
         if self.scheduler == "Constant":
             return self.initial_learning_rate
+        if self.scheduler == "Exponential":
+            # integer division: the staircase's floor is exact at any step (ModelZoo floors a float32)
+            exponent = t // self.total_iters if self.staircase else t / self.total_iters
+            try:
+                factor = self.decay_rate**exponent
+            except OverflowError:  # decay_rate > 1 long past the end: ModelZoo's float32 gives inf too
+                factor = math.inf
+            return factor * self.initial_learning_rate
+        if self.scheduler == "Polynomial":
+            if t >= self.total_iters:
+                return self.end_learning_rate
+            diff = self.initial_learning_rate - self.end_learning_rate
+            return (1.0 - t / self.total_iters) ** self.power * diff + self.end_learning_rate
         frac = min(t, self.total_iters) / self.total_iters
         lo, hi = self.end_learning_rate, self.initial_learning_rate
         if self.scheduler == "Linear":
@@ -126,15 +156,15 @@ class SchedulePiece:
 
 
 def learning_rate_at(pieces: Sequence[SchedulePiece], step: int) -> float:
-    """The learning rate of 0-based training step ``step``; pieces run one after another and the last
-    one's final value holds after the schedule ends."""
+    """The learning rate of 0-based training step ``step``. The pieces run one after another, each
+    starting at t = 0 where the one before it ends (ModelZoo's SequentialLR, whose milestones are the
+    sums of the total_iters before each piece); the last one runs on past its total_iters."""
     start = 0
-    for piece in pieces:
+    for piece in pieces[:-1]:
         if step < start + piece.total_iters:
             return piece.at(step - start)
         start += piece.total_iters
-    last = pieces[-1]
-    return last.at(last.total_iters)
+    return pieces[-1].at(step - start)
 
 
 @dataclass(frozen=True)

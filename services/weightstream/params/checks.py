@@ -158,7 +158,8 @@ def _check_input_vs_model(
                 )
             )
         if inp.max_sequence_length is None:
-            problems.append(Problem(f"{sec}.max_sequence_length", f"is required for {m.name}"))
+            if dp != "GptHDF5MapDataProcessor":  # HDF5 files say it (data/sequence_length.py)
+                problems.append(Problem(f"{sec}.max_sequence_length", f"is required for {m.name}"))
         elif inp.max_sequence_length > m.max_position_embeddings:
             problems.append(
                 Problem(
@@ -220,24 +221,5 @@ def _check_optimizer(o: OptimizerParams) -> list[Problem]:
     elif o.nesterov and o.momentum == 0:
         problems.append(Problem("optimizer.nesterov", "needs optimizer.momentum > 0", True))
     for i, piece in enumerate(o.learning_rate):
-        at = f"optimizer.learning_rate[{i}]"
-        last = i == len(o.learning_rate) - 1
-        if piece.scheduler == "Constant":
-            if piece.learning_rate is None and piece.initial_learning_rate is None:
-                problems.append(Problem(f"{at}.learning_rate", "is required by the Constant scheduler"))
-            if piece.total_iters is None and not last:
-                problems.append(Problem(f"{at}.total_iters", "is required for every piece but the last"))
-        else:
-            for key in ("initial_learning_rate", "end_learning_rate", "total_iters"):
-                if getattr(piece, key) is None:
-                    problems.append(Problem(f"{at}.{key}", f"is required by the {piece.scheduler} scheduler"))
-            if piece.learning_rate is not None:
-                problems.append(
-                    Problem(
-                        f"{at}.learning_rate",
-                        f"applies to Constant pieces; {piece.scheduler} "
-                        "takes initial_learning_rate and end_learning_rate",
-                        piece.learning_rate,
-                    )
-                )
+        problems += piece.problems(f"optimizer.learning_rate[{i}]", last=i == len(o.learning_rate) - 1)
     return problems

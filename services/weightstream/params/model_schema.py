@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
+    field_validator,
 )
 
-from weightstream.params.section import Section, ZeroDropout
+from weightstream.numerics.rope_scaling import make_rope_scaling
+from weightstream.params.initializer_schema import InitializerParams
+from weightstream.params.section import HalfType, Section, ZeroDropout
 
 
 class _LanguageModelParams(Section):
@@ -25,10 +30,30 @@ class _LanguageModelParams(Section):
     max_position_embeddings: PositiveInt
     layer_norm_epsilon: PositiveFloat = 1e-5
     initializer_range: PositiveFloat = 0.02
-    attention_dropout_rate: ZeroDropout = 0.0
+    # ModelZoo's initializer specs (initializer_schema.py). initializer: q, k, v and the MLP's first
+    # layer(s); output_layer_initializer: the attention output and the MLP's last layer (left out: these
+    # take initializer); embedding_initializer: the token (and learned position) embeddings. Left out:
+    # ModelZoo's default: normal(0, initializer_range) cut at 2 std, the output projections' (without
+    # either key) scaled by 1/sqrt(2 num_hidden_layers), gpt2 and llama alike (numerics/model.py)
+    initializer: InitializerParams | None = None
+    embedding_initializer: InitializerParams | None = None
+    output_layer_initializer: InitializerParams | None = None
     attention_type: Literal["scaled_dot_product"] = "scaled_dot_product"
-    loss_scaling: Literal["num_tokens"] = "num_tokens"
-    fp16_type: Literal["bfloat16"] | None = None  # bf16 on the wire; the master copy stays fp32
+    # ModelZoo's GPTLMHeadModelLoss: num_tokens divides the summed token losses by the counted (not padding)
+    # tokens, batch_size by the batch size and multiplies by loss_weight (see data/loss_scaling.py)
+    loss_scaling: Literal["num_tokens", "batch_size"] = "num_tokens"
+    loss_weight: PositiveFloat = 1.0
+    fp16_type: HalfType | None = None  # bf16 on the wire; the master copy stays fp32
+
+    @field_validator("loss_weight")
+    @classmethod
+    def _weight_needs_batch_size(cls, v: float, info: ValidationInfo) -> float:
+        if v != 1.0 and info.data.get("loss_scaling") == "num_tokens":  # absent: it failed itself
+            raise ValueError(
+                "must be 1.0 with loss_scaling: num_tokens (as in ModelZoo); a weight applies to "
+                "loss_scaling: batch_size, usually 1 / max_sequence_length"
+            )
+        return v
 
     @property
     def inner_size(self) -> int:
@@ -48,6 +73,9 @@ class GPT2ModelParams(_LanguageModelParams):
     # Hugging Face's resid_pdrop (after each projection, before its residual add) and embd_pdrop
     dropout_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
     embedding_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = None  # None: dropout_rate
+    # Hugging Face's attn_pdrop: on the attention probabilities. None: dropout_rate, as in ModelZoo; left
+    # out: 0.0 (ModelZoo's default is 0.1; 0.0 keeps what a params file without the key trained before)
+    attention_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = 0.0
     norm_type: Literal["layernorm"] = "layernorm"
     use_projection_bias_in_attention: Literal[True] = True
     use_ffn_bias_in_attention: Literal[True] = True
@@ -59,9 +87,26 @@ class GPT2ModelParams(_LanguageModelParams):
         """``embedding_dropout_rate``, or ``dropout_rate`` where it is left out (ModelZoo's default)."""
         return self.dropout_rate if self.embedding_dropout_rate is None else self.embedding_dropout_rate
 
+    @property
+    def attention_dropout(self) -> float:
+        """``attention_dropout_rate``, or ``dropout_rate`` where it is null (ModelZoo's meaning)."""
+        return self.dropout_rate if self.attention_dropout_rate is None else self.attention_dropout_rate
+
 
 class ExtraAttentionParams(Section):
     num_kv_groups: PositiveInt  # key/value heads of grouped-query attention
+
+
+def _llama_no_attention_dropout(v: float) -> float:
+    if v != 0.0:
+        raise ValueError(
+            "must be 0.0 for llama: weightstream implements attention dropout for gpt2/gpt3 only "
+            "(Hugging Face's LlamaForCausalLM attention_dropout is not implemented)"
+        )
+    return v
+
+
+LlamaNoDropout = Annotated[float, AfterValidator(_llama_no_attention_dropout)]
 
 
 class LlamaModelParams(_LanguageModelParams):
@@ -72,6 +117,11 @@ class LlamaModelParams(_LanguageModelParams):
     position_embedding_type: Literal["rotary"] = "rotary"
     rope_theta: PositiveFloat = 10000.0
     rotary_dim: PositiveInt | None = None  # None: the whole head (Hugging Face's LLaMA rotates all of it)
+    # RoPE scaling, as Hugging Face's rope_parameters (numerics/rope_scaling.py): linear divides every
+    # frequency by the factor, llama3 (Llama 3.1) only the low ones, with its three pos_scaling_extra_args
+    pos_scaling_type: Literal["linear", "llama3"] = "linear"
+    pos_scaling_factor: PositiveFloat = 1.0  # linear by 1.0: no scaling
+    pos_scaling_extra_args: dict[str, float | int] | None = Field(default=None, validate_default=True)
     norm_type: Literal["rmsnorm"] = "rmsnorm"
     nonlinearity: Literal["swiglu"] = "swiglu"
     share_embedding_weights: bool = False
@@ -85,6 +135,27 @@ class LlamaModelParams(_LanguageModelParams):
     extra_attention_params: ExtraAttentionParams | None = None
     dropout_rate: ZeroDropout = 0.0
     embedding_dropout_rate: ZeroDropout = 0.0
+    attention_dropout_rate: LlamaNoDropout = 0.0
+
+    @field_validator("pos_scaling_type", mode="before")
+    @classmethod
+    def _implemented_scaling(cls, v: object) -> object:
+        if isinstance(v, str) and v.lower() in ("yarn", "longrope"):  # ModelZoo's other two
+            raise ValueError(
+                f"{v} RoPE scaling is not implemented (it rescales frequencies per band and the attention's "
+                "cos/sin as well); weightstream implements linear and llama3"
+            )
+        return v
+
+    @field_validator("pos_scaling_extra_args")
+    @classmethod
+    def _args_of_the_type(
+        cls, v: dict[str, float | int] | None, info: ValidationInfo
+    ) -> dict[str, float | int] | None:
+        kind, factor = info.data.get("pos_scaling_type"), info.data.get("pos_scaling_factor")
+        if kind is not None and factor is not None:  # absent: it failed itself
+            make_rope_scaling(kind, factor, v)  # ValueError naming a key the type lacks or does not take
+        return v
 
     @property
     def num_kv_heads(self) -> int:
@@ -104,4 +175,4 @@ class FCMLPModelParams(Section):
     num_classes: PositiveInt = 10
     activation_fn: Literal["relu"] = "relu"
     dropout: ZeroDropout = 0.0
-    fp16_type: Literal["bfloat16"] | None = None
+    fp16_type: HalfType | None = None

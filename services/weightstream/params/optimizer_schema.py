@@ -12,39 +12,93 @@ from pydantic import (
     model_validator,
 )
 
-from weightstream.params.section import Section
+from weightstream.params.errors import Problem
+from weightstream.params.section import Section, renamed
 
-_SCHEDULER_NAMES = {"constant": "Constant", "linear": "Linear", "cosinedecay": "CosineDecay"}
-
-
-def _renamed(v: Any, renames: dict[str, str]) -> Any:
-    """``v`` (a section as parsed) with older key names replaced by the current ones; both given is an
-    error naming them."""
-    if not isinstance(v, dict):
-        return v
-    both = [f"{old} and {new}" for old, new in renames.items() if old in v and new in v]
-    if both:
-        raise ValueError(f"give one of {', '.join(both)} (older and current names of one setting)")
-    return {renames.get(k, k): x for k, x in v.items()}
+_SCHEDULERS = ("Constant", "Linear", "CosineDecay", "Exponential", "Polynomial")
+# ModelZoo finds a scheduler by its lower-cased name with or without "LR" (linear, LinearLR, ...)
+_SCHEDULER_NAMES = {n.lower() + lr: n for n in _SCHEDULERS for lr in ("", "lr")}
+# The keys each scheduler takes, as cerebras.pytorch 2.10's ConstantLR, LinearLR, CosineDecayLR,
+# ExponentialLR and PolynomialLR name their arguments (Constant's value may also be initial_learning_rate).
+# Linear's alpha is in ModelZoo's old GPT-2 files, where it never had an effect: accepted, ignored.
+# cycle has no effect on any learning rate in ModelZoo (numerics.optim.SchedulePiece says why).
+_TAKES: dict[str, frozenset[str]] = {
+    "Constant": frozenset({"learning_rate", "initial_learning_rate", "total_iters"}),
+    "Linear": frozenset({"initial_learning_rate", "end_learning_rate", "total_iters", "cycle", "alpha"}),
+    "CosineDecay": frozenset({"initial_learning_rate", "end_learning_rate", "total_iters"}),
+    "Exponential": frozenset({"initial_learning_rate", "total_iters", "decay_rate", "staircase"}),
+    "Polynomial": frozenset({"initial_learning_rate", "end_learning_rate", "total_iters", "power", "cycle"}),
+}
+_DECAYS = ("initial_learning_rate", "end_learning_rate", "total_iters")
+_REQUIRES: dict[str, tuple[str, ...]] = {  # Constant's own rules are in SchedulePieceParams.problems
+    "Linear": _DECAYS,
+    "CosineDecay": _DECAYS,
+    "Exponential": ("initial_learning_rate", "total_iters", "decay_rate"),
+    "Polynomial": _DECAYS,
+}
 
 
 class SchedulePieceParams(Section):
-    scheduler: Literal["Constant", "Linear", "CosineDecay"]
+    scheduler: Literal["Constant", "Linear", "CosineDecay", "Exponential", "Polynomial"]
     initial_learning_rate: Annotated[float, Field(ge=0)] | None = None
     end_learning_rate: Annotated[float, Field(ge=0)] | None = None
     learning_rate: Annotated[float, Field(ge=0)] | None = None  # Constant's value
     total_iters: PositiveInt | None = None  # may be left out only by a last, Constant piece
+    # Exponential: lr = initial_learning_rate * decay_rate ** (t / total_iters), t // total_iters if staircase
+    decay_rate: Annotated[float, Field(ge=0)] | None = None
+    staircase: bool | None = None  # None: ModelZoo's default, false
+    # Polynomial: lr = (initial - end) * (1 - t / total_iters) ** power + end; power >= 0 keeps every
+    # learning rate between the two (None: ModelZoo's default, 1.0)
+    power: Annotated[float, Field(ge=0)] | None = None
+    cycle: bool | None = None  # Linear, Polynomial: accepted, changes nothing (as in ModelZoo)
+    alpha: float | None = None  # Linear: accepted, changes nothing (as in ModelZoo)
 
     @model_validator(mode="before")
     @classmethod
     def _older_spelling(cls, v: Any) -> Any:
-        """ModelZoo's older ``steps`` is ``total_iters``."""
-        return _renamed(v, {"steps": "total_iters"})
+        """ModelZoo's older ``steps`` and ``decay_steps`` are ``total_iters``."""
+        return renamed(renamed(v, {"steps": "total_iters"}), {"decay_steps": "total_iters"})
 
     @field_validator("scheduler", mode="before")
     @classmethod
     def _canonical_name(cls, v: Any) -> Any:
         return _SCHEDULER_NAMES.get(v.lower().replace("_", ""), v) if isinstance(v, str) else v
+
+    def problems(self, at: str, last: bool) -> list[Problem]:
+        """What this piece lacks, and the keys it has that its scheduler does not take, each at its key
+        path (``at``: the piece's, e.g. ``optimizer.learning_rate[1]``; ``last``: it ends the schedule)."""
+        s, out = self.scheduler, list[Problem]()
+        if s == "Constant":
+            if self.learning_rate is None and self.initial_learning_rate is None:
+                out.append(Problem(f"{at}.learning_rate", "is required by the Constant scheduler"))
+            if self.total_iters is None and not last:
+                out.append(Problem(f"{at}.total_iters", "is required for every piece but the last"))
+        out += [
+            Problem(f"{at}.{key}", f"is required by the {s} scheduler")
+            for key in _REQUIRES.get(s, ())
+            if getattr(self, key) is None
+        ]
+        for key in sorted(set().union(*_TAKES.values()) - _TAKES[s]):
+            if getattr(self, key) is not None:
+                out.append(Problem(f"{at}.{key}", _not_taken(key, s), getattr(self, key)))
+        return out
+
+
+def _not_taken(key: str, scheduler: str) -> str:
+    """Why ``scheduler`` refuses ``key``, and what it takes instead."""
+    if key == "learning_rate":
+        rates = " and ".join(
+            k for k in ("initial_learning_rate", "end_learning_rate") if k in _TAKES[scheduler]
+        )
+        return f"applies to Constant pieces; {scheduler} takes {rates}"
+    if key == "alpha" and scheduler == "CosineDecay":
+        return (
+            "ModelZoo's CosineDecay has no alpha (its floor is end_learning_rate: for Keras' alpha, set "
+            "end_learning_rate to alpha * initial_learning_rate); alpha is accepted on Linear pieces only"
+        )
+    *others, final = [n for n in _SCHEDULERS if key in _TAKES[n]]
+    takers = f"{', '.join(others)} and {final}" if others else final
+    return f"applies to {takers} pieces, not {scheduler}"
 
 
 class OptimizerParams(Section):
@@ -94,7 +148,7 @@ class OptimizerParams(Section):
             "weight_decay_rate": "weight_decay",
             "use_bias_correction": "correct_bias",
         }
-        return _renamed(v, renames)
+        return renamed(v, renames)
 
     @field_validator("optimizer_type", mode="before")
     @classmethod

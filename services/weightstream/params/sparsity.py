@@ -2,20 +2,27 @@
 
 Eligible tensors are the 2-D weights of linear layers (``ModelDef.sparse_candidates``): the embeddings
 and the LM head are looked up or tied, not multiplied by the sparse kernels, and norms and biases are 1-D.
-``param_filter`` globs (``fnmatch``, over the Hugging Face tensor names) narrow that set (a glob may also
-hit biases and norms, which stay dense); a glob that matches no eligible tensor is an error naming it.
+``param_filter`` globs (``fnmatch``, case-sensitive, whole name) narrow that set; so do the globs of a
+per-glob ``sparsity`` mapping. A glob selects a tensor when it matches the tensor's Hugging Face name or
+its ModelZoo name(s) (``modelzoo_names``: ModelZoo's own params files say ``*proj_[qkv]_dense_layer.weight``
+or ``*linear_layer.weight``). A glob may also hit biases and norms, which stay dense; a glob that matches no
+eligible tensor is an error naming it, and so is one that matches some but not all of the ModelZoo
+parameters one of our tensors holds (GPT-2's fused q/k/v ``c_attn``): we cannot make a third of it sparse.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from fnmatch import fnmatchcase
+from typing import NamedTuple
 
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse_masks import SparsitySpec, kept_entries
 from weightstream.params.errors import Problem
+from weightstream.params.modelzoo_names import fused_why, modelzoo_names
 from weightstream.params.schema import Params
 
-__all__ = ["SPARSE_FAMILIES", "model_density", "sparsity_problems", "sparsity_specs"]
+__all__ = ["SPARSE_FAMILIES", "filter_selection", "model_density", "sparsity_problems", "sparsity_specs"]
 
 # the models whose units multiply their linear weights through ``matmul_any``/``weight_grad``
 SPARSE_FAMILIES = ("gpt2", "llama", "fc_mlp")
@@ -24,18 +31,68 @@ SPARSE_FAMILIES = ("gpt2", "llama", "fc_mlp")
 def sparsity_specs(p: Params, model: ModelDef) -> dict[str, SparsitySpec]:
     """{tensor: its SparsitySpec} for every sparse tensor (empty without a sparsity block). Assumes the
     params passed ``sparsity_problems``."""
-    specs, _ = _resolve(p, model)
-    return specs
+    return _resolve(p, model).specs
 
 
 def sparsity_problems(p: Params, model: ModelDef) -> list[Problem]:
-    return _resolve(p, model)[1]
+    return _resolve(p, model).problems
 
 
-def _resolve(p: Params, model: ModelDef) -> tuple[dict[str, SparsitySpec], list[Problem]]:
+def filter_selection(p: Params, model: ModelDef) -> list[tuple[str, list[str]]]:
+    """Each ``param_filter`` glob, in the file's order, with the eligible tensors it selects (our names, in
+    the model's order; a tensor two globs select is listed under both). Empty without a sparsity block or
+    without ``param_filter`` (then every eligible tensor is selected: ``model.sparse_candidates``)."""
+    return _resolve(p, model).selection
+
+
+class _Resolved(NamedTuple):
+    specs: dict[str, SparsitySpec]
+    problems: list[Problem]
+    selection: list[tuple[str, list[str]]]
+
+
+class _Hits(NamedTuple):
+    tensors: list[str]  # the tensors the glob selects, eligible or not
+    partial: Problem | None  # the first eligible tensor it selects part of, as a problem
+
+
+def _glob_hits(
+    path: str, glob: str, names: Iterable[str], mz: dict[str, tuple[str, ...]], eligible: set[str]
+) -> _Hits:
+    """The tensors among ``names`` that ``glob`` selects by their Hugging Face or ModelZoo names."""
+    tensors: list[str] = []
+    partial: Problem | None = None
+    for n in names:
+        if fnmatchcase(n, glob):
+            tensors.append(n)
+            continue
+        theirs = mz.get(n, ())
+        matched = [m for m in theirs if fnmatchcase(m, glob)]
+        if not matched:
+            continue
+        if len(matched) == len(theirs) or n not in eligible:
+            tensors.append(n)  # a bias it selects a third of stays dense either way
+        elif partial is None:
+            missed = [m for m in theirs if m not in matched]
+            partial = Problem(
+                path,
+                f"selects ModelZoo's {_short(matched)} but not {_short(missed)}, which {n!r} also holds: "
+                + fused_why(n),
+                glob,
+            )
+    return _Hits(tensors, partial)
+
+
+def _short(names: list[str]) -> str:
+    """The last two parts of ModelZoo names (``...self_attn.proj_q_dense_layer.weight`` ->
+    ``proj_q_dense_layer.weight``), comma-separated."""
+    return ", ".join(".".join(n.split(".")[-2:]) for n in names)
+
+
+def _resolve(p: Params, model: ModelDef) -> _Resolved:
     sp = p.sparsity
     if sp is None:
-        return {}, []
+        return _Resolved({}, [], [])
     problems: list[Problem] = []
     if model.family not in SPARSE_FAMILIES:
         problems.append(
@@ -43,9 +100,12 @@ def _resolve(p: Params, model: ModelDef) -> tuple[dict[str, SparsitySpec], list[
                 "sparsity", f"is implemented for model.name {' and '.join(SPARSE_FAMILIES)}", model.family
             )
         )
-        return {}, problems
+        return _Resolved({}, problems, [])
     candidates = model.sparse_candidates
+    eligible = set(candidates)
+    mz = modelzoo_names(model)
     seed = sp.seed if sp.seed is not None else p.runconfig.seed
+    selection: list[tuple[str, list[str]]] = []
     if sp.param_filter is None:
         chosen = list(candidates)
     else:
@@ -53,37 +113,41 @@ def _resolve(p: Params, model: ModelDef) -> tuple[dict[str, SparsitySpec], list[
         chosen = []
         for i, glob in enumerate(globs):
             path = "sparsity.param_filter" + ("" if isinstance(sp.param_filter, str) else f"[{i}]")
-            hits = [n for n in model.specs if fnmatchcase(n, glob)]
-            eligible = [n for n in hits if n in candidates]
-            if hits and not eligible:
+            hits = _glob_hits(path, glob, model.specs, mz, eligible)
+            selected = [n for n in hits.tensors if n in eligible]
+            if hits.partial is not None:
+                problems.append(hits.partial)
+            elif hits.tensors and not selected:
                 problems.append(
                     Problem(
                         path,
-                        f"matches only tensors that cannot be sparse ({hits[0]!r}...): only the 2-D weights "
-                        "of linear layers can (not embeddings, the LM head, norms or biases)",
+                        f"matches only tensors that cannot be sparse ({hits.tensors[0]!r}...): only the 2-D "
+                        "weights of linear layers can (not embeddings, the LM head, norms or biases)",
                         glob,
                     )
                 )
-            elif not hits:
+            elif not hits.tensors:
                 problems.append(Problem(path, "matches no tensor of this model", glob))
-            chosen += [n for n in eligible if n not in chosen]  # biases and norms a glob also hits: dense
+            selection.append((glob, selected))
+            chosen += [n for n in selected if n not in chosen]  # biases and norms a glob also hits: dense
     specs: dict[str, SparsitySpec] = {}
     if isinstance(sp.sparsity, float):
         levels = dict.fromkeys(chosen, sp.sparsity)
     else:
         levels = {}
         for glob, level in sp.sparsity.items():
-            hits = [n for n in chosen if fnmatchcase(n, glob)]
-            if not hits:
-                problems.append(
-                    Problem(f"sparsity.sparsity[{glob!r}]", "matches no tensor param_filter selects", level)
-                )
-            for n in hits:
+            path = f"sparsity.sparsity[{glob!r}]"
+            hits = _glob_hits(path, glob, chosen, mz, eligible)
+            if hits.partial is not None:
+                problems.append(hits.partial)
+            elif not hits.tensors:
+                problems.append(Problem(path, "matches no tensor param_filter selects", level))
+            for n in hits.tensors:
                 levels.setdefault(n, level)  # the first glob that matches wins
     for n in model.specs:  # the model's tensor order
         if n in levels and levels[n] > 0.0:
             specs[n] = SparsitySpec(levels[n], sp.init_method, seed)
-    return specs, problems
+    return _Resolved(specs, problems, selection)
 
 
 def model_density(p: Params, model: ModelDef) -> float:

@@ -25,7 +25,9 @@ from weightstream.checkpoint_layout import (
     partial_dir_path,
     recovery_snapshots,
 )
+from weightstream.numerics.rope_scaling import hf_rope_config
 from weightstream.params import Params
+from weightstream.params.resolve import rope_scaling
 from weightstream.params.schema import GPT2ModelParams, LlamaModelParams
 from weightstream.storage_io import fsync_dir, write_text_durably
 from weightstream.training.errors import JobFailed
@@ -70,7 +72,7 @@ def hf_config(params: Params) -> dict[str, Any]:
             "initializer_range": m.initializer_range,
             "resid_pdrop": m.dropout_rate,  # what the model trained with, for whoever trains it on
             "embd_pdrop": m.embedding_dropout,
-            "attn_pdrop": 0.0,
+            "attn_pdrop": m.attention_dropout,
             "scale_attn_weights": True,
             "tie_word_embeddings": m.share_embedding_weights,
             "bos_token_id": None,
@@ -92,9 +94,8 @@ def hf_config(params: Params) -> dict[str, Any]:
             "max_position_embeddings": m.max_position_embeddings,
             "initializer_range": m.initializer_range,
             "rms_norm_eps": m.layer_norm_epsilon,
-            # transformers < 5 reads rope_theta, 5 reads rope_parameters: both, so either loads it
-            "rope_theta": m.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_theta},
+            # transformers < 5 reads rope_theta (+ rope_scaling), 5 rope_parameters: both, so either loads it
+            **hf_rope_config(m.rope_theta, rope_scaling(m)),
             "attention_bias": m.use_projection_bias_in_attention,
             "attention_dropout": 0.0,
             "mlp_bias": m.use_ffn_bias,

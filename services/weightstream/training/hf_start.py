@@ -18,6 +18,7 @@ from typing import Any
 
 from weightstream.hf_checkpoint import StartCheckpointError, read_config, stored_names, tensor_shapes
 from weightstream.numerics import ModelDef
+from weightstream.numerics.rope_scaling import describe_rope_scaling, rope_from_hf_config
 from weightstream.params import Params
 from weightstream.training.checkpoints import hf_config
 
@@ -95,17 +96,23 @@ def _config_problems(theirs: dict[str, Any], ours: dict[str, Any], family: str) 
     defaults = _GPT2 if family == "gpt2" else _LLAMA
     got = {k: theirs.get(k, v) for k, v in defaults.items()}
     want = {k: ours.get(k, v) for k, v in defaults.items()}
+    problems: list[str] = []
     if family == "gpt2":  # n_inner None means 4 * n_embd
         got["n_inner"] = got["n_inner"] or 4 * got["n_embd"]
     else:
         got["num_key_value_heads"] = got["num_key_value_heads"] or got["num_attention_heads"]
         got["head_dim"] = got["head_dim"] or got["hidden_size"] // got["num_attention_heads"]
-        rope = theirs.get("rope_parameters") or {}
-        got["rope_theta"] = rope.get("rope_theta", theirs.get("rope_theta", 10000.0))
-        want["rope_theta"] = ours["rope_theta"]
-        scaling = theirs.get("rope_scaling") or (
-            rope if rope.get("rope_type", "default") != "default" else None
-        )
-        if scaling:
-            return [f"config.json asks for RoPE scaling ({scaling}), which weightstream does not implement"]
-    return [f"config.json {k} = {got[k]!r}, the params give {want[k]!r}" for k in got if got[k] != want[k]]
+        try:  # as transformers reads it: rope_scaling, else rope_parameters, else rope_theta alone
+            got["rope_theta"], their_scaling = rope_from_hf_config(theirs)
+        except ValueError as e:
+            return [f"config.json: {e}"]
+        want["rope_theta"], our_scaling = rope_from_hf_config(ours)
+        if their_scaling != our_scaling:
+            problems.append(
+                f"config.json's RoPE scaling is {describe_rope_scaling(their_scaling)}, the params give "
+                f"{describe_rope_scaling(our_scaling)} (model.pos_scaling_type, pos_scaling_factor, "
+                "pos_scaling_extra_args)"
+            )
+    return [
+        f"config.json {k} = {got[k]!r}, the params give {want[k]!r}" for k in got if got[k] != want[k]
+    ] + problems

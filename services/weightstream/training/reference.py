@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from weightstream.data import make_data_processor
+from weightstream.data.loss_scaling import loss_denominator, loss_scaling
 from weightstream.numerics import forward_backward, forward_loss, init_params
 from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.model import accumulate_grads
@@ -57,21 +58,23 @@ class ReferenceTrainer:
         self.eval_data = (
             make_data_processor(params.eval_input, params.model, "eval") if params.eval_input else None
         )
+        self.scaling = loss_scaling(params.model)  # what the summed token losses are divided by
         self.num_shards = num_shards or params.runconfig.num_csx
         self.step = 0  # updates applied so far
 
     def gradients(self, step: int) -> tuple[float, dict[str, np.ndarray], int]:
-        """Loss and summed gradients of the global batch of ``step``, computed shard by shard."""
+        """Loss, summed gradients and counted target tokens of the global batch of ``step``, computed
+        shard by shard."""
         loss = 0.0
         grads: dict[str, np.ndarray] = {}
-        denom = self.train_data.global_tokens(step)  # counted target tokens of the global batch
+        denom = loss_denominator(self.train_data, step, self.scaling)  # for the global batch
         for w in range(self.num_shards):
             x, y = self.train_data.shard(step, w, self.num_shards)
             with dropout_scope(self.params.runconfig.seed, step, first_sample=w * len(x)):
                 part_loss, part = forward_backward(self.model, self.weights, x, y, denom)
             loss += part_loss
             accumulate_grads(grads, part)
-        return loss, grads, denom
+        return loss, grads, self.train_data.global_tokens(step)
 
     def train_step(self) -> StepResult:
         """One step; raises TrainingDiverged (weights untouched) if its loss or gradient norm is not
@@ -108,7 +111,8 @@ class ReferenceTrainer:
         losses = []
         for s in range(self.params.runconfig.eval_steps):
             x, y = self.eval_data.global_batch(s)
-            losses.append(forward_loss(self.model, self.weights, x, y, self.eval_data.global_tokens(s)))
+            denom = loss_denominator(self.eval_data, s, self.scaling)
+            losses.append(forward_loss(self.model, self.weights, x, y, denom))
         eval_loss = float(np.mean(losses))
         check_finite(self.step, eval_loss=eval_loss)
         return eval_loss

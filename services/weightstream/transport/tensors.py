@@ -44,6 +44,7 @@ _LEN = struct.Struct("<I")
 NamedTensor = tuple[str, np.ndarray]
 _DTYPES = {
     "float32": np.float32,
+    "float64": np.float64,  # scalars such as a loss denominator
     "bfloat16": np.uint16,
     "int64": np.int64,
     "uint16": np.uint16,

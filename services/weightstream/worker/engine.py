@@ -40,9 +40,12 @@ class UnitSource(Protocol):
 
 
 class BatchSource(Protocol):
-    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(inputs, targets, counted targets of the global batch) of worker ``worker``'s shard; a target
-        of -1 is padding, which the loss ignores."""
+    def get(
+        self, split: str, step: int, worker: int, num_workers: int
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(inputs, targets, the global batch's loss denominator: its counted targets, or batch_size /
+        loss_weight, see ``data.loss_scaling``) of worker ``worker``'s shard; a target of -1 is padding,
+        which the loss ignores."""
         ...
 
 
@@ -130,7 +133,7 @@ class WorkerEngine:
         micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
         t_start = time.perf_counter()
         wait = [0.0]
-        # denom: counted target tokens of the global batch (the shard alone cannot tell them)
+        # denom: the global batch's loss denominator (counted tokens: the shard alone cannot tell them)
         x, y, denom = self.batches.get("train", step, self.index, self.num_workers)
         m = self.micro_batch or len(x)
         xs = [x[i : i + m] for i in range(0, len(x), m)]  # micro-batches: [m, ...] each
@@ -214,7 +217,7 @@ class WorkerEngine:
         Each unit streams in once and runs over every eval batch before the next unit."""
         wait = [0.0]
         batches = [self.batches.get("eval", b, self.index, self.num_workers) for b in range(num_batches)]
-        xs = [b[0] for b in batches]  # batches: (inputs, targets, global counted targets) each
+        xs = [b[0] for b in batches]  # batches: (inputs, targets, global loss denominator) each
         for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
             xs = [self.model.units[u].forward(params, x)[0] for x in xs]
             del params

@@ -95,12 +95,14 @@ class ActivationClient:
         self._get = tensors_out_client(channel, "Activation", "GetBatch", pb.BatchRequest)
         self.peer, self.timeout_s = f"{name} ({address})", timeout_s
 
-    def get(self, split: str, step: int, worker: int, num_workers: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(inputs, targets, counted targets of the global batch): the engine's BatchSource."""
+    def get(
+        self, split: str, step: int, worker: int, num_workers: int
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(inputs, targets, the global batch's loss denominator): the engine's BatchSource."""
         req = pb.BatchRequest(split=split, step=step, worker=worker, num_workers=num_workers)
         it = call(self.peer, "GetBatch", self._get, req, timeout=self.timeout_s)
         t = read_messages(stream(self.peer, "GetBatch", it))[1]
-        return t["inputs"], t["targets"], int(t["denom"][0])
+        return t["inputs"], t["targets"], float(t["denom"][0])
 
 
 def build(job: JobSpec) -> WorkerEngine:

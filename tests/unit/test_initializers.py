@@ -1,0 +1,448 @@
+"""ModelZoo's ``initializer``, ``embedding_initializer`` and ``output_layer_initializer``: each kind draws
+torch.nn.init's distribution (with ModelZoo's fans for the layer), deterministically from the seed, on
+exactly the tensors ModelZoo gives it; left out, ModelZoo's default applies (pinned here; its
+distribution is checked in test_default_init.py)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from weightstream.numerics import ParamSpec, init_params
+from weightstream.numerics.init import Initializer, sample
+from weightstream.numerics.model import init_tensor
+from weightstream.params import ParamsError, dump_params, load_params, model_def
+from weightstream.params.model_schema import GPT2ModelParams
+
+torch = pytest.importorskip("torch", reason="pip install -e .[test]")
+
+GPT2: dict[str, Any] = {
+    "train_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 4, "max_sequence_length": 16},
+    "model": {
+        "name": "gpt2",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_heads": 4,
+        "filter_size": 64,
+        "max_position_embeddings": 16,
+    },
+    "optimizer": {"optimizer_type": "adamw", "learning_rate": 1.0e-3},
+    "runconfig": {"max_steps": 2, "seed": 7},
+}
+LLAMA: dict[str, Any] = {
+    **GPT2,
+    "model": {
+        "name": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_heads": 4,
+        "filter_size": 48,
+        "max_position_embeddings": 16,
+        "attention_module": "multiquery_attention",
+        "extra_attention_params": {"num_kv_groups": 2},
+    },
+}
+# sha256 over (name, bytes) of init_params(seed 7) for these models without the keys: ModelZoo's default
+# (truncated normal at 2 std, output projections scaled by 1/sqrt(2L), numerics/model.py). Re-pinned when
+# that default replaced Hugging Face's normal(0, initializer_range): exactly the weights changed then (the
+# embeddings, q/k/v/c_attn, the MLPs' and the output projections); the untied head, the norms and the
+# biases kept their bytes. A change here changes every run's start.
+DEFAULT = {
+    "gpt2": "833576cf80afea730d1e7fcf7029a388aeb5d772ed23c9a840f61878299c4bdf",
+    "gpt2_untied": "14ad0ce4194eb183a30755ac7a33f7ae21baad56631295d48cb83861bed68901",
+    "llama": "0665af750be0deaf93f14a84848bee3f07044556c7201ea5fe2bc6776a3c37e2",
+    "llama_bias_tied": "ce32ea5b2f4e2ef7c5861ea331ed3f690e3bbe04f1b18dbfe0688d8aad89f4ae",
+}
+
+
+def _params(base: dict[str, Any], **model: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(base)
+    raw["model"].update(model)
+    return raw
+
+
+def _init(raw: dict[str, Any], seed: int = 7) -> dict[str, np.ndarray]:
+    return init_params(model_def(load_params(raw)), seed)
+
+
+def _digest(weights: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name, w in weights.items():
+        h.update(name.encode())
+        h.update(w.tobytes())
+    return h.hexdigest()
+
+
+def _draw(init: Initializer, shape: tuple[int, ...], fans: tuple[int, int] | None = None) -> np.ndarray:
+    return sample(init, shape, np.random.default_rng(0), fans)
+
+
+def _torch_draw(fill: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """torch.nn.init's own draw on a tensor of ``shape`` in torch's layout: the reference."""
+    torch.manual_seed(0)
+    t = torch.empty(shape, dtype=torch.float64)
+    fill(t)
+    return t.numpy()
+
+
+# --- each kind's distribution -----------------------------------------------------------------------------
+BIG = (1000, 1000)
+
+
+def test_normal_uniform_constant_statistics() -> None:
+    w = _draw(Initializer("normal", mean=0.3, std=0.2), BIG)
+    assert w.dtype == np.float32 and w.shape == BIG
+    assert abs(w.mean() - 0.3) < 0.001 and abs(w.std() / 0.2 - 1) < 0.005
+    u = _draw(Initializer("uniform", a=-0.1, b=0.3), BIG)
+    assert u.min() >= np.float32(-0.1) and u.max() <= np.float32(0.3)
+    assert abs(u.mean() - 0.1) < 0.001 and abs(u.std() / (0.4 / math.sqrt(12)) - 1) < 0.005
+    assert (_draw(Initializer("constant", val=0.5), (3, 4)) == 0.5).all()
+    assert (_draw(Initializer("ones"), (3,)) == 1).all() and (_draw(Initializer("zeros"), (3,)) == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "a", "b"),
+    [
+        (0.0, 0.02, -0.04, 0.04),  # Cerebras-GPT's: 2 std either side
+        (0.01, 0.02, -0.03, 0.05),  # asymmetric, off-centre mean
+        (0.0, 1.0, 1.5, 4.0),  # both bounds above the mean (drawn mirrored)
+        (0.0, 1.0, -4.0, -1.5),  # both below
+        (0.0, 1.0, 8.0, 9.0),  # far in the tail, where a CDF near 1 would have no precision left
+    ],
+)
+def test_truncated_normal_stays_in_bounds_with_the_truncated_moments(
+    mean: float, std: float, a: float, b: float
+) -> None:
+    """Bounds are absolute, as torch.nn.init.trunc_normal_'s; the moments are those of the normal
+    truncated there (scipy's closed form)."""
+    w = _draw(Initializer("truncated_normal", mean=mean, std=std, a=a, b=b), BIG).astype(np.float64)
+    assert w.min() >= np.float32(a) and w.max() <= np.float32(b)
+    ref = stats.truncnorm((a - mean) / std, (b - mean) / std, loc=mean, scale=std)
+    assert abs(w.mean() - ref.mean()) < 5 * ref.std() / 1000
+    assert abs(w.std() / ref.std() - 1) < 0.005
+    if a < mean < b:  # torch's own draw too (in the tails its erfinv crawls, and it warns of imprecision)
+        t = _torch_draw(lambda x: torch.nn.init.trunc_normal_(x, mean=mean, std=std, a=a, b=b), BIG)
+        assert abs(w.std() / t.std() - 1) < 0.01
+
+
+SHAPE = (300, 700)  # torch layout [out, in]: fan_in 700, fan_out 300
+FAN_KINDS = [
+    (Initializer("xavier_normal", gain=1.5), lambda t: torch.nn.init.xavier_normal_(t, gain=1.5)),
+    (Initializer("xavier_uniform", gain=2.0), lambda t: torch.nn.init.xavier_uniform_(t, gain=2.0)),
+    (
+        Initializer("kaiming_normal", a=0.2, mode="fan_out"),
+        lambda t: torch.nn.init.kaiming_normal_(t, a=0.2, mode="fan_out"),
+    ),
+    (
+        Initializer("kaiming_uniform", a=0.5, mode="fan_in", nonlinearity="relu"),  # relu ignores a
+        lambda t: torch.nn.init.kaiming_uniform_(t, a=0.5, mode="fan_in", nonlinearity="relu"),
+    ),
+    (
+        Initializer("kaiming_uniform", a=0.5, mode="fan_out"),
+        lambda t: torch.nn.init.kaiming_uniform_(t, a=0.5, mode="fan_out"),
+    ),
+    # ModelZoo's variance_scaling_ recipe, written with torch: fan_avg = 500, variance = 2 / 500
+    (
+        Initializer("variance_scaling", scale=2.0, mode="fan_avg", distribution="normal"),
+        lambda t: t.normal_(std=math.sqrt(2.0 / 500)),
+    ),
+    (
+        Initializer("variance_scaling", scale=3.0, mode="fan_out", distribution="uniform"),
+        lambda t: t.uniform_(-math.sqrt(3 * 3.0 / 300), math.sqrt(3 * 3.0 / 300)),
+    ),
+    (  # lecun_normal: fan_in, truncated normal with torch's default bounds -2, 2
+        Initializer("variance_scaling"),
+        lambda t: torch.nn.init.trunc_normal_(t, std=math.sqrt(1.0 / 700) / 0.87962566103423978),
+    ),
+]
+
+
+@pytest.mark.parametrize(("init", "fill"), FAN_KINDS, ids=lambda v: getattr(v, "kind", ""))
+def test_fan_based_kinds_match_torch_for_the_same_shape(init: Initializer, fill: Any) -> None:
+    """Same spread as torch.nn.init on a [out, in] tensor of the same shape: fan_in is the second dim."""
+    ours, theirs = _draw(init, SHAPE).astype(np.float64), _torch_draw(fill, SHAPE)
+    assert abs(ours.mean()) < 5 * theirs.std() / math.sqrt(ours.size)
+    assert abs(ours.std() / theirs.std() - 1) < 0.01
+    if init.kind.endswith("uniform") or init.distribution == "uniform":  # the bound itself
+        assert abs(np.abs(ours).max() / np.abs(theirs).max() - 1) < 0.002
+
+
+def test_variance_scaling_truncates_at_two_absolute_as_modelzoo() -> None:
+    """ModelZoo's truncated variance_scaling keeps trunc_normal_'s default bounds, -2 and 2 absolute: at a
+    large std that cuts (a std of 2 std-units would cut at 1)."""
+    shape = (250_000, 4)  # fan_in 4: variance = scale / 4
+    init = Initializer("variance_scaling", scale=8.0)  # std sqrt(2) / 0.88 = 1.61 before the cut
+    ours = _draw(init, shape).astype(np.float64)
+    std = math.sqrt(2.0) / 0.87962566103423978
+    theirs = _torch_draw(lambda t: torch.nn.init.trunc_normal_(t, std=std), shape)
+    assert ours.min() >= -2 and ours.max() <= 2 and ours.max() > 1.99
+    assert abs(ours.std() / theirs.std() - 1) < 0.005
+
+
+# --- determinism ------------------------------------------------------------------------------------------
+KINDS = [
+    Initializer("normal", mean=0.1, std=0.02),
+    Initializer("truncated_normal", std=0.02, a=-0.04, b=0.04),
+    Initializer("uniform", a=-1, b=1),
+    Initializer("xavier_uniform"),
+    Initializer("kaiming_normal"),
+    Initializer("variance_scaling"),
+]
+
+
+@pytest.mark.parametrize("init", KINDS, ids=lambda i: i.kind)
+def test_each_kind_is_deterministic_in_seed_and_name(init: Initializer) -> None:
+    """(1 << 20) + 5 elements: the truncated normal's chunked pass crosses a chunk boundary."""
+    spec = ParamSpec("h.0.w", (1025, 1023), init)
+    a, b = init_tensor(spec, seed=3), init_tensor(spec, seed=3)
+    assert a.tobytes() == b.tobytes()
+    assert not np.array_equal(a, init_tensor(spec, seed=4))
+    assert not np.array_equal(a, init_tensor(ParamSpec("h.1.w", spec.shape, init), seed=3))
+
+
+def test_draws_are_pinned() -> None:
+    """The same numbers on every machine and every release: a change of algorithm would silently change
+    every run's start."""
+    got: dict[str, str] = {
+        init.kind: hashlib.sha256(init_tensor(ParamSpec("w", (64, 48), init), seed=1).tobytes()).hexdigest()
+        for init in KINDS[:3]
+    }
+    # more than one chunk of the truncated normal's float64 pass
+    big = init_tensor(ParamSpec("w", (1025, 1023), KINDS[1]), seed=1)
+    got["truncated_normal, 2 chunks"] = hashlib.sha256(big.tobytes()).hexdigest()
+    assert got == PINNED
+
+
+PINNED = {
+    "normal": "d4dc0c04dcea781f14582fbce4eb0f70e4a16857ab5ce951a148691a222f0e22",
+    "truncated_normal": "cf2da43a6bacd9ce1773a29c9e44b85e910fa45db4b8c3eacf5f8bfd1352d022",
+    "uniform": "7b68c702c3a8ac6c7edebdfc8e8edd77b6755ef46352afbe29ab1303b88fad03",
+    "truncated_normal, 2 chunks": "f174172899ef0bf9fd12fe5afe90aeefecdfadb5b86da5457b1fd2aa758cc472",
+}
+
+
+# --- which tensors each key initialises ---------------------------------------------------------------
+def _constant(v: float) -> dict[str, Any]:
+    return {"name": "constant", "val": v}
+
+
+GPT2_INPUT = ("attn.c_attn.weight", "mlp.c_fc.weight")
+GPT2_OUTPUT = ("attn.c_proj.weight", "mlp.c_proj.weight")
+
+
+def _changed(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """{tensor: its constant} for every tensor that differs from ``base``'s init (all must be constant)."""
+    before, after = _init(base), _init(raw)
+    assert before.keys() == after.keys()
+    out = {}
+    for name, w in after.items():
+        if not np.array_equal(w, before[name]):
+            assert (w == w.flat[0]).all(), name
+            out[name] = float(w.flat[0])
+    return out
+
+
+def _layers(n: int, suffixes: tuple[str, ...], prefix: str, value: float) -> dict[str, float]:
+    return {f"{prefix}{i}.{s}": value for i in range(n) for s in suffixes}
+
+
+def test_gpt2_output_layer_initializer_sets_both_projections_only() -> None:
+    raw = _params(GPT2, output_layer_initializer=_constant(0.5))
+    assert _changed(raw, GPT2) == _layers(2, GPT2_OUTPUT, "transformer.h.", 0.5)
+
+
+def test_gpt2_initializer_alone_sets_the_projections_too_unscaled() -> None:
+    """ModelZoo: without output_layer_initializer, the projections take `initializer` (no 1/sqrt(2L))."""
+    raw = _params(GPT2, initializer=_constant(0.25))
+    assert _changed(raw, GPT2) == _layers(2, GPT2_INPUT + GPT2_OUTPUT, "transformer.h.", 0.25)
+    both = _params(GPT2, initializer=_constant(0.25), output_layer_initializer=_constant(0.5))
+    want = _layers(2, GPT2_INPUT, "transformer.h.", 0.25) | _layers(2, GPT2_OUTPUT, "transformer.h.", 0.5)
+    assert _changed(both, GPT2) == want
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_embedding_initializer_sets_token_and_position_embeddings(tied: bool) -> None:
+    """Never the untied LM head: ModelZoo draws it normal(initializer_range) whatever the keys say."""
+    base = _params(GPT2, share_embedding_weights=tied)
+    raw = _params(base, embedding_initializer=_constant(0.75))
+    assert _changed(raw, base) == {"transformer.wte.weight": 0.75, "transformer.wpe.weight": 0.75}
+
+
+LLAMA_INPUT: tuple[str, ...] = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+)
+LLAMA_INPUT += ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+LLAMA_OUTPUT = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_llama_keys_set_their_tensors(tied: bool) -> None:
+    """With biases on: they stay 0, the norms 1, the untied head normal(initializer_range)."""
+    base = _params(
+        LLAMA,
+        share_embedding_weights=tied,
+        use_projection_bias_in_attention=True,
+        use_ffn_bias_in_attention=True,
+        use_ffn_bias=True,
+    )
+    raw = _params(
+        base,
+        initializer=_constant(0.25),
+        output_layer_initializer=_constant(0.5),
+        embedding_initializer=_constant(0.75),
+    )
+    p = "model.layers."
+    want = _layers(2, LLAMA_INPUT, p, 0.25) | _layers(2, LLAMA_OUTPUT, p, 0.5)
+    assert _changed(raw, base) == want | {"model.embed_tokens.weight": 0.75}
+    alone = _params(base, initializer=_constant(0.25))
+    assert _changed(alone, base) == _layers(2, LLAMA_INPUT + LLAMA_OUTPUT, p, 0.25)
+
+
+# ModelZoo's torch module for each of our tensors (gpt2: C 32, F 64, V 64, P 16; llama: F 48, kv 2 x 8)
+TORCH_LAYERS = {
+    "transformer.wte.weight": lambda: torch.nn.Embedding(64, 32),
+    "transformer.wpe.weight": lambda: torch.nn.Embedding(16, 32),
+    "transformer.h.1.attn.c_attn.weight": lambda: torch.nn.Linear(32, 32),  # q, k and v: each C -> C
+    "transformer.h.1.attn.c_proj.weight": lambda: torch.nn.Linear(32, 32),
+    "transformer.h.1.mlp.c_fc.weight": lambda: torch.nn.Linear(32, 64),
+    "transformer.h.1.mlp.c_proj.weight": lambda: torch.nn.Linear(64, 32),
+    "model.embed_tokens.weight": lambda: torch.nn.Embedding(64, 32),
+    "model.layers.1.self_attn.q_proj.weight": lambda: torch.nn.Linear(32, 32),
+    "model.layers.1.self_attn.k_proj.weight": lambda: torch.nn.Linear(32, 16),
+    "model.layers.1.self_attn.o_proj.weight": lambda: torch.nn.Linear(32, 32),
+    "model.layers.1.mlp.up_proj.weight": lambda: torch.nn.Linear(32, 48),
+    "model.layers.1.mlp.down_proj.weight": lambda: torch.nn.Linear(48, 32),
+}
+
+
+@pytest.mark.parametrize("mode", ["fan_in", "fan_out"])
+def test_fans_are_those_of_modelzoos_torch_layers(mode: str) -> None:
+    """kaiming_uniform's bound sqrt(6 / fan) per tensor equals torch's for ModelZoo's layer: GPT-2's
+    Conv1D weights are stored [in, out] and its c_attn fuses three C -> C projections, so torch's rule on
+    our stored shape would be wrong for every GPT-2 weight (and right for LLaMA's nn.Linear layout)."""
+    spec = {"name": "kaiming_uniform", "mode": mode}
+    keys = {"initializer": spec, "output_layer_initializer": spec, "embedding_initializer": spec}
+    weights = _init(_params(GPT2, **keys)) | _init(_params(LLAMA, **keys))
+    for name, layer in TORCH_LAYERS.items():
+        t = layer().weight.detach()
+        fan = torch.nn.init._calculate_correct_fan(t, mode)
+        bound = math.sqrt(3.0) * torch.nn.init.calculate_gain("leaky_relu", 0) / math.sqrt(fan)
+        top = np.abs(weights[name]).max()
+        assert 0.97 * bound < top <= bound, (name, top, bound)
+
+
+# --- defaults, round trip, errors ----------------------------------------------------------------------
+def _default_cases() -> dict[str, dict[str, Any]]:
+    return {
+        "gpt2": GPT2,
+        "gpt2_untied": _params(GPT2, share_embedding_weights=False),
+        "llama": LLAMA,
+        "llama_bias_tied": _params(
+            LLAMA,
+            share_embedding_weights=True,
+            use_projection_bias_in_attention=True,
+            use_ffn_bias_in_attention=True,
+            use_ffn_bias=True,
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(DEFAULT))
+def test_without_the_keys_the_initialisation_is_pinned(case: str) -> None:
+    assert _digest(_init(_default_cases()[case])) == DEFAULT[case]
+
+
+def test_truncated_normal_at_initializer_range_is_the_default_draw() -> None:
+    """`{name: truncated_normal, std: initializer_range}` (bounds 2 std by default) draws the default's
+    very numbers: as `initializer` on c_attn and c_fc, as `embedding_initializer` on wte and wpe."""
+    before = _init(GPT2)
+    spec = {"name": "truncated_normal", "std": 0.02}
+    after = _init(_params(GPT2, initializer=spec, embedding_initializer=spec))
+    names = [f"transformer.h.{i}.{s}" for i in range(2) for s in GPT2_INPUT]
+    for name in [*names, "transformer.wte.weight", "transformer.wpe.weight"]:
+        assert after[name].tobytes() == before[name].tobytes(), name
+
+
+def test_specs_survive_dump_and_load_with_defaults_filled_in() -> None:
+    """Roles rebuild the model from the resolved params: the specs and the draws must come back equal."""
+    raw = _params(
+        LLAMA,
+        initializer={"name": "truncated_normal", "std": 0.02, "a": -0.03, "b": None},
+        embedding_initializer="lecun_uniform",
+        output_layer_initializer={"name": "kaiming_normal", "mode": "fan_out"},
+    )
+    p = load_params(raw)
+    dumped = yaml.safe_load(dump_params(p))["model"]
+    assert dumped["initializer"] == {
+        "name": "truncated_normal",
+        "mean": 0.0,
+        "std": 0.02,
+        "a": -0.03,
+        "b": 0.04,
+    }
+    assert dumped["embedding_initializer"] == {
+        "name": "lecun_uniform",
+        "scale": 1.0,
+        "mode": "fan_in",
+        "distribution": "uniform",
+    }
+    again = load_params({**raw, "model": dumped})
+    assert again == p
+    assert _digest(init_params(model_def(again), 7)) == _digest(init_params(model_def(p), 7))
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("glorot_normal", Initializer("xavier_normal", gain=1.0)),
+        ("glorot_uniform", Initializer("xavier_uniform", gain=1.0)),
+        ("lecun_normal", Initializer("variance_scaling", scale=1.0, mode="fan_in")),
+        ("lecun_uniform", Initializer("variance_scaling", scale=1.0, mode="fan_in", distribution="uniform")),
+        ("truncated_normal", Initializer("truncated_normal", mean=0.0, std=0.05, a=-0.1, b=0.1)),
+        ("uniform", Initializer("uniform", a=-0.05, b=0.05)),
+        ("kaiming_uniform", Initializer("kaiming_uniform", a=0.0, mode="fan_in", nonlinearity="leaky_relu")),
+    ],
+)
+def test_modelzoo_names_and_defaults(name: str, kind: Initializer) -> None:
+    """A name alone takes ModelZoo's defaults (layers/init.py); its aliases are the kinds they name."""
+    model = load_params(_params(GPT2, initializer=name)).model
+    assert isinstance(model, GPT2ModelParams) and model.initializer is not None
+    assert model.initializer.numerics() == kind
+
+
+@pytest.mark.parametrize(
+    ("key", "spec", "words"),
+    [
+        ("initializer", {"name": "truncated_normal", "stddev": 0.1}, "did you mean 'std'"),
+        ("initializer", "xavier", "did you mean 'xavier_normal'"),
+        ("embedding_initializer", {"name": "normal", "std": -1}, "std must be at least 0"),
+        ("output_layer_initializer", {"name": "constant"}, "needs `val`"),
+        ("output_layer_initializer", {"std": 0.02}, "needs a `name`"),
+        ("initializer", {"name": "truncated_normal", "std": 0.02, "a": 0.1}, "a must be below b"),
+        ("initializer", {"name": "kaiming_normal", "mode": "fan_avg"}, "fan_in or fan_out"),
+        ("initializer", {"name": "eye"}, "not implemented"),
+        ("initializer", 0.02, "must be an initializer name or a mapping"),
+    ],
+)
+def test_a_bad_spec_names_the_key(key: str, spec: Any, words: str) -> None:
+    with pytest.raises(ParamsError) as e:
+        load_params(_params(GPT2, **{key: spec}))
+    (problem,) = e.value.problems
+    assert problem.path == f"model.{key}" and words in problem.message, str(problem)
+
+
+def test_a_wrongly_typed_parameter_names_its_own_path() -> None:
+    with pytest.raises(ParamsError) as e:
+        load_params(_params(LLAMA, initializer={"name": "normal", "std": "wide"}))
+    assert [q.path for q in e.value.problems] == ["model.initializer.std"]
