@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,9 +13,12 @@ from rich.markup import escape
 
 from weightstream import __version__
 from weightstream import serve_options as limit
+from weightstream.config_cli import config_app, print_key_report
 from weightstream.data import DataError
 from weightstream.data.cli import data_preprocess, tokenizer_train
-from weightstream.params import Params, ParamsError, load_params, model_def
+from weightstream.params import Loaded, Params, ParamsError, model_def, read_params
+from weightstream.params.layout import relocate
+from weightstream.params.sparsity import filter_selection
 from weightstream.role_cli import add_role_commands
 from weightstream.simulate.cli import simulate
 from weightstream.training.plot import plot
@@ -39,12 +43,24 @@ CheckpointPath = Annotated[
 ]
 
 
-def _load(path: Path, **overrides: Any) -> Params:
+def _read(path: Path, **overrides: Any) -> Loaded:
+    """The params file (either layout) validated, ``max_sequence_length`` of HDF5 inputs read from their
+    files where left out; exit 2 listing every problem."""
+    from weightstream.data.sequence_length import with_sequence_lengths
+
     try:
-        return load_params(path, overrides={k: v for k, v in overrides.items() if v is not None})
+        loaded = read_params(path, overrides={k: v for k, v in overrides.items() if v is not None})
+        try:
+            return Loaded(with_sequence_lengths(loaded.params), loaded.report, loaded.origin)
+        except ParamsError as e:  # named as the user wrote them
+            raise ParamsError(relocate(e.problems, loaded.origin), str(path)) from None
     except ParamsError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def _load(path: Path, **overrides: Any) -> Params:
+    return _read(path, **overrides).params
 
 
 @app.callback(invoke_without_command=True)
@@ -60,8 +76,9 @@ def _main(
 def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: CheckpointPath = None) -> None:
     """Check a params file (and the checkpoint it starts from, if any) without running anything; exit 2
     listing every problem."""
-    p = _load(params, num_csx=num_csx, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
-    model = model_def(p)
+    loaded = _read(params, num_csx=num_csx, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
+    p, model = loaded.params, model_def(loaded.params)
+    print_key_report(out, loaded.report)
     if p.runconfig.checkpoint_path is not None:
         from weightstream.hf_checkpoint import StartCheckpointError
         from weightstream.training.hf_start import check_start_checkpoint
@@ -72,6 +89,10 @@ def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: Checkpo
         except StartCheckpointError as e:
             err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+    for glob, tensors in filter_selection(p, model):  # which weights each sparsity filter made sparse
+        kinds = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in tensors})
+        line = f"sparsity.param_filter {glob!r}: {len(tensors)} tensors ({', '.join(kinds)})"
+        out.print(escape(line), highlight=False)
     out.print(
         f"[green]ok[/green] {params}: {p.model.name}, {model.num_params:,} parameters in "
         f"{len(model.units)} streamable units, num_csx={p.runconfig.num_csx}, "
@@ -135,14 +156,15 @@ def run(
     """Train on the appliance: every role a local process talking gRPC over loopback."""
     from weightstream.console import run_local  # keeps `--help` fast
 
-    p = _load(
+    loaded = _read(
         params,
         num_csx=num_csx,
         max_steps=max_steps,
         model_dir=str(model_dir) if model_dir else None,
         checkpoint_path=str(checkpoint_path.resolve()) if checkpoint_path else None,
     )
-    raise typer.Exit(run_local(p, out, err))
+    print_key_report(out, loaded.report)
+    raise typer.Exit(run_local(loaded.params, out, err))
 
 
 app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)
@@ -336,6 +358,7 @@ def plan_command(
         )
 
 
+app.add_typer(config_app, name="config")  # params files: weightstream/config_cli.py
 app.command()(simulate)  # the scaling model: weightstream/simulate/
 app.command()(plot)  # loss curves of runs from their metrics.jsonl: weightstream/training/plot.py
 app.command("tokenizer-train")(tokenizer_train)  # the data pipeline: weightstream/data/

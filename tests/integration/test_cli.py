@@ -36,14 +36,15 @@ def test_validate_ok_and_overrides() -> None:
 
 def test_validate_bad_file_exits_2_naming_each_key(tmp_path: Path) -> None:
     p = yaml.safe_load((EXAMPLES / "gpt2_synthetic.yaml").read_text())
-    p["model"]["num_heads"] = 3
-    p["runconfig"]["max_stepz"] = 10
+    p["trainer"]["init"]["model"]["num_heads"] = 3
+    p["trainer"]["init"]["loop"]["max_stepz"] = 10
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(p))
     r = weightstream("validate", str(bad))
     assert r.returncode == 2
-    assert "model.hidden_size: must be divisible by model.num_heads=3" in r.stderr
-    assert "runconfig.max_stepz: is not a known key; did you mean 'max_steps'?" in r.stderr
+    init = "trainer.init."  # named as written in the trainer: layout
+    assert f"{init}model.hidden_size: must be divisible by {init}model.num_heads=3" in r.stderr
+    assert f"{init}loop.max_stepz: is not a known key; did you mean 'max_steps'?" in r.stderr
 
 
 def test_example_prints_a_valid_params_file(tmp_path: Path) -> None:

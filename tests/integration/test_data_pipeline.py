@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.integration.appliance import metrics, run, weightstream_cmd
+from weightstream.params.trainer_layout import from_trainer
 
 ROOT = Path(__file__).parents[2]
 VOCAB, MSL = 512, 64
@@ -71,7 +72,8 @@ def test_tokenize_preprocess_train_llama_and_generate(tmp_path: Path) -> None:
                 assert d.ndim == 3 and d.shape[1:] == (3, MSL) and int(h.attrs["n_examples"]) == len(d)
                 assert d[:, 0].min() >= 0 and d[:, 0].max() < VOCAB and d[:, 2].max() < VOCAB
 
-    params = yaml.safe_load((ROOT / "services/weightstream/examples/llama_tiny.yaml").read_text())
+    shipped = yaml.safe_load((ROOT / "services/weightstream/examples/llama_tiny.yaml").read_text())
+    params = from_trainer(shipped).legacy  # the example is in the trainer: layout; edited here as legacy
     params["train_input"].update(mixture=[{"data_dir": str(data / "txt")}, {"data_dir": str(data / "jsonl")}])
     del params["train_input"]["data_dir"]
     params["train_input"].update(batch_size=32, max_sequence_length=MSL)

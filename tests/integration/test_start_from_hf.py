@@ -76,6 +76,23 @@ def test_gpt2_from_runconfig_checkpoint_path_starts_bitwise_from_its_tensors(tmp
     assert sorted(metrics(tmp_path / "m")[0]) == [1, 2, 3, 4]
 
 
+def test_gpt2_from_trainer_fit_ckpt_path(tmp_path: Path) -> None:
+    """The trainer: layout's name for the starting point, with LoadCheckpointStates as ModelZoo writes it."""
+    from weightstream.params.convert import to_trainer
+
+    hf = _gpt2(tmp_path)
+    trainer, _ = to_trainer(yaml.safe_load(_params(tmp_path).read_text()))
+    trainer["trainer"]["fit"]["ckpt_path"] = str(hf)
+    trainer["trainer"]["init"]["callbacks"] = [{"LoadCheckpointStates": {"load_checkpoint_states": "model"}}]
+    params = tmp_path / "trainer.yaml"
+    params.write_text(yaml.safe_dump(trainer))
+    r = run(params, tmp_path / "m", "--max_steps", "1")
+    assert r.returncode == 0, r.stderr
+    start, theirs = _tensors(tmp_path / "m" / "checkpoint_0"), load_file(hf / "model.safetensors")
+    assert start and all(np.array_equal(v, theirs[k]) for k, v in start.items())
+    assert_allclose(metrics(tmp_path / "m")[0][1], _hf_loss(hf, params), rtol=1e-5)
+
+
 def test_llama_from_the_command_line_flag_at_two_workers(tmp_path: Path) -> None:
     from tests.integration.test_llama_appliance import _llama
 

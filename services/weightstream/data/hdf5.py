@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from weightstream.data.processors import Batch, DataError, DataProcessor, _drop_last, _files
+from weightstream.data.sequence_length import sequence_length
 from weightstream.params.schema import InputParams
 
 __all__ = ["GptHDF5MapDataProcessor", "apportion"]
@@ -136,9 +137,8 @@ class GptHDF5MapDataProcessor(DataProcessor):
 
     def __init__(self, inp: InputParams, vocab_size: int, seed: int) -> None:
         super().__init__(inp.batch_size, seed, inp.shuffle, _drop_last(inp))
-        seq_len = inp.max_sequence_length
-        if seq_len is None:
-            raise DataError("GptHDF5MapDataProcessor needs max_sequence_length (the files' sample length)")
+        # left out: the files' sample length (data/sequence_length.py; the coordinator fills it in first)
+        seq_len = inp.max_sequence_length or sequence_length(inp)
         self.targets_per_sample = seq_len
         sources: list[tuple[str | list[str], float]]  # (data_dir, weight) of each dataset
         if inp.mixture is not None:

@@ -152,6 +152,13 @@ def with_service_defaults(params: Mapping[str, Any], limits: ServiceLimits) -> d
     rc = params.get("runconfig")
     if limits.keep_checkpoint_max is None or (isinstance(rc, Mapping) and "keep_checkpoint_max" in rc):
         return {}
+    trainer = params.get("trainer")
+    init = trainer.get("init") if isinstance(trainer, Mapping) else None
+    callbacks = init.get("callbacks") if isinstance(init, Mapping) else None
+    if isinstance(callbacks, list) and any(
+        isinstance(c, Mapping) and "KeepNCheckpoints" in c for c in callbacks
+    ):
+        return {}  # the trainer: layout's spelling of keep_checkpoint_max
     return {"keep_checkpoint_max": limits.keep_checkpoint_max}
 
 

@@ -24,19 +24,20 @@ from weightstream.backends.kubernetes import INSTALL_HINT, client_available
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.checkpoint_layout import complete_checkpoints, servable_file
+from weightstream.jobs.admission import admit
 from weightstream.jobs.config import ServiceConfig, default_user_name
-from weightstream.jobs.data_roots import check_data, confine_data, default_data_root
+from weightstream.jobs.data_roots import default_data_root
 from weightstream.jobs.limits import (
     ServiceLimits,
     apply_label_change,
-    check_params,
     check_priority,
     check_request,
     with_service_defaults,
 )
 from weightstream.jobs.log_export import job_log_archive
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
-from weightstream.params import Params, ParamsError, load_params
+from weightstream.params import Params, ParamsError, load_params, read_params
+from weightstream.params.layout import relocate
 from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
 
 __all__ = [
@@ -130,12 +131,11 @@ class JobService:
         job_id = uuid.uuid4().hex[:12]
         model_dir = self.jobs_dir / job_id
         overrides = {"num_csx": num_csx, "model_dir": str(model_dir), **with_service_defaults(params, limits)}
-        parsed = load_params(params, overrides=overrides, source="params")
-        problems = check_params(parsed, limits)  # sizes from counts: nothing is built before this passes
-        if problems:
-            raise ParamsError(problems, "params")
-        parsed = confine_data(parsed, self.config.data_roots)
-        check_data(parsed)  # the data must be readable here too, before the job is accepted
+        loaded = read_params(params, overrides, "params", override_label="runconfig.{}")  # either layout
+        try:
+            parsed = admit(loaded.params, self.config.limits, self.config.data_roots)
+        except ParamsError as e:  # each problem at the key path the user wrote
+            raise ParamsError(relocate(e.problems, loaded.origin), "params") from None
         with self._submit_lock:
             if self._stopped.is_set():
                 raise QueueFull("the service is stopping: submit again once it is back")

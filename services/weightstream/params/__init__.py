@@ -1,10 +1,21 @@
 """The params file: ModelZoo layout, validated before anything is scheduled."""
 
 from weightstream.params.errors import ParamsError, Problem
-from weightstream.params.load import dump_params, load_params, model_def, optimizer_config, parse_params
+from weightstream.params.layout import KeyUse
+from weightstream.params.load import (
+    Loaded,
+    dump_params,
+    load_params,
+    model_def,
+    optimizer_config,
+    parse_params,
+    read_params,
+)
 from weightstream.params.schema import Params
 
 __all__ = [
+    "KeyUse",
+    "Loaded",
     "Params",
     "ParamsError",
     "Problem",
@@ -13,4 +24,5 @@ __all__ = [
     "model_def",
     "optimizer_config",
     "parse_params",
+    "read_params",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,10 @@ from pydantic import BaseModel, ValidationError
 
 from weightstream.params.checks import cross_check
 from weightstream.params.errors import ParamsError, Problem
+from weightstream.params.key_report import key_report
+from weightstream.params.layout import KeyUse, Origin, relocate
 from weightstream.params.modelzoo import UNSUPPORTED
+from weightstream.params.not_applicable import NOT_APPLICABLE
 from weightstream.params.resolve import dump_params, model_def, optimizer_config
 from weightstream.params.schema import (
     FCMLPModelParams,
@@ -30,8 +34,18 @@ from weightstream.params.schema import (
     SchedulePieceParams,
     SparsityParams,
 )
+from weightstream.params.trainer_layout import from_trainer
 
-__all__ = ["UNSUPPORTED", "dump_params", "load_params", "model_def", "optimizer_config", "parse_params"]
+__all__ = [
+    "UNSUPPORTED",
+    "Loaded",
+    "dump_params",
+    "load_params",
+    "model_def",
+    "optimizer_config",
+    "parse_params",
+    "read_params",
+]
 
 _SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
 _MODELS: dict[str, type[BaseModel]] = {
@@ -53,7 +67,10 @@ def parse_params(text: str, source: str = "params") -> dict[str, Any]:
         raise ParamsError(
             [
                 Problem(
-                    "<file>", "must be a mapping with sections " + ", ".join(_SECTIONS), type(raw).__name__
+                    "<file>",
+                    "must be a mapping: trainer: (ModelZoo 2.3 and later) or the sections "
+                    + ", ".join(_SECTIONS),
+                    type(raw).__name__,
                 )
             ],
             source,
@@ -61,13 +78,34 @@ def parse_params(text: str, source: str = "params") -> dict[str, Any]:
     return raw
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A validated params file, the key report, and where each canonical key was written."""
+
+    params: Params
+    report: list[KeyUse]
+    origin: Origin
+
+
 def load_params(
     params: str | Path | Mapping[str, Any],
     overrides: Mapping[str, Any] | None = None,
     source: str | None = None,
 ) -> Params:
-    """Validate a params file (a path, or an already parsed mapping); ``overrides`` replace keys of
-    ``runconfig`` (the CLI's ``--num_csx`` and friends). Raises ``ParamsError`` listing every problem."""
+    """Validate a params file (a path, or an already parsed mapping) in either layout; ``overrides``
+    replace keys of ``runconfig`` (the CLI's ``--num_csx`` and friends). Raises ``ParamsError`` listing
+    every problem, each at the key path the user wrote."""
+    return read_params(params, overrides, source).params
+
+
+def read_params(
+    params: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    source: str | None = None,
+    override_label: str = "--{}",
+) -> Loaded:
+    """``load_params``, with the key report (``key_report.py``) and the origin map. An override is named
+    ``override_label.format(key)`` in problems and the report (a command-line flag by default)."""
     if isinstance(params, str | Path):
         path = Path(params)
         source = source or str(path)
@@ -77,13 +115,22 @@ def load_params(
             raise ParamsError([Problem("<file>", f"cannot be read: {e.strerror}", str(path))], source) from e
         raw = parse_params(text, source)
     else:
-        raw = dict(params)
+        raw = copy.deepcopy(dict(params))
     source = source or "params"
+    written = copy.deepcopy(raw)
+    origin, reported, problems = Origin(), [], []
+    if "trainer" in raw:
+        t = from_trainer(raw)
+        raw, origin, reported, problems = t.legacy, t.origin, t.uses, t.problems
+    overrides = dict(overrides or {})
     if overrides:
         rc = raw.get("runconfig")
         raw["runconfig"] = {**(rc if isinstance(rc, dict) else {}), **overrides}
+        for key in overrides:
+            origin.add(f"runconfig.{key}", override_label.format(key))
 
-    problems = _unsupported(raw)
+    problems += _mixed_precision(raw, origin, reported)
+    problems += _not_applicable(raw, origin, reported) + _unsupported(raw)
     try:
         parsed = Params.model_validate(raw)
     except ValidationError as e:
@@ -98,11 +145,48 @@ def load_params(
         if pruned is not None:
             seen = {q.path for q in problems}
             problems += [q for q in cross_check(pruned) if q.path not in seen]
-        raise ParamsError(problems, source) from None
+        raise ParamsError(relocate(problems, origin), source) from None
     problems += cross_check(parsed)
     if problems:
-        raise ParamsError(problems, source)
-    return parsed
+        raise ParamsError(relocate(problems, origin), source)
+    return Loaded(parsed, key_report(raw, origin, reported, written, overrides), origin)
+
+
+def _mixed_precision(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:
+    """ModelZoo's switch (legacy ``model.mixed_precision``, ``trainer.init.precision.enabled``): off, the
+    whole run is fp32 whatever ``fp16_type`` says; on, ``fp16_type`` applies."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or "mixed_precision" not in model:
+        return []
+    enabled = model["mixed_precision"]
+    raw["model"] = model = {k: v for k, v in model.items() if k != "mixed_precision"}
+    if not isinstance(enabled, bool):
+        return [Problem("model.mixed_precision", "must be true or false", enabled)]
+    note = "mixed precision as fp16_type says" if enabled else "fp32 throughout"
+    reported.append(KeyUse(origin("model.mixed_precision"), enabled, "used", note))
+    if not enabled and "fp16_type" in model:
+        reported.append(
+            KeyUse(origin("model.fp16_type"), model["fp16_type"], "not applicable", "mixed precision is off")
+        )
+        raw["model"] = {k: v for k, v in model.items() if k != "fp16_type"}
+    return []
+
+
+def _not_applicable(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:
+    """Take out the keys that change nothing here (reporting them), and refuse those whose value would."""
+    problems = []
+    for section, rules in NOT_APPLICABLE.items():
+        d = raw.get(section)
+        if not isinstance(d, dict):
+            continue
+        for key in [k for k in d if k in rules]:
+            path, rule = f"{section}.{key}", rules[key]
+            if rule.harmless(d[key]):
+                reported.append(KeyUse(origin(path), d[key], "not applicable", rule.reason))
+            else:
+                problems.append(Problem(path, f"cannot be honoured: {rule.reason}", d[key]))
+            raw[section] = d = {k: v for k, v in d.items() if k != key}
+    return problems
 
 
 def _without(raw: dict[str, Any], locs: list[list[Any]]) -> dict[str, Any]:
@@ -129,9 +213,10 @@ def _unsupported(raw: dict[str, Any]) -> list[Problem]:
         if not isinstance(d, dict):
             continue
         # a model key one family does not implement may be another's own (rope_theta is llama's)
-        own = (
-            set(_MODELS[d["name"]].model_fields) if section == "model" and d.get("name") in _MODELS else set()
-        )
+        own: set[str] = set()
+        if section == "model":  # without a (known) name, the name is the problem, not keys some family has
+            families = [_MODELS[d["name"]]] if d.get("name") in _MODELS else list(_MODELS.values())
+            own = {key for family in families for key in family.model_fields}
         for key in [k for k in d if k in keys and k not in own]:
             path = f"{section}.{key}" if section else key
             problems.append(
@@ -183,11 +268,9 @@ def _translate(err: Any, raw: dict[str, Any]) -> Problem:
     kind = err["type"]
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         tag = err.get("ctx", {}).get("tag")
-        return Problem(
-            "model.name",
-            f"must be one of {_MODEL_NAMES}" if tag else f"is missing; allowed: {_MODEL_NAMES}",
-            *((tag,) if tag else ()),
-        )
+        if tag:
+            return Problem("model.name", f"must be one of {_MODEL_NAMES}", tag)
+        return Problem("model.name", _missing_name(raw.get("model")))
     if kind == "missing":
         return Problem(_path(loc), "is required but missing")
     if kind == "extra_forbidden":
@@ -199,3 +282,19 @@ def _translate(err: Any, raw: dict[str, Any]) -> Problem:
         return Problem(_path(loc), f"is not a known key{hint} allowed here: {', '.join(allowed)}")
     msg = err["msg"].removeprefix("Value error, ")
     return Problem(_path(loc), msg, err.get("input"))
+
+
+def _missing_name(model: Any) -> str:
+    """ModelZoo 2.4 and later require ``model.name``; older legacy files left it out. Say which line to
+    add, guessed from the keys the file does have."""
+    keys = model if isinstance(model, dict) else {}
+    if "input_size" in keys:
+        guess = "fc_mlp"
+    elif keys.get("position_embedding_type") == "rotary" or keys.get("norm_type") == "rmsnorm":
+        guess = "llama"
+    else:
+        guess = "gpt2"
+    return (
+        f"is missing: add the line `name: {guess}` under `model:` (ModelZoo 2.4 and later require "
+        f"model.name; these keys look like {guess}'s); allowed: {_MODEL_NAMES}"
+    )

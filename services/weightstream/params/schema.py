@@ -16,6 +16,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 
 from weightstream.params.model_schema import (
@@ -26,7 +27,7 @@ from weightstream.params.model_schema import (
     LlamaModelParams,
 )
 from weightstream.params.optimizer_schema import OptimizerParams, SchedulePieceParams
-from weightstream.params.section import Section
+from weightstream.params.section import Section, renamed
 
 __all__ = [
     "DATA_PROCESSORS",
@@ -131,6 +132,12 @@ class RunConfig(Section):
     # checkpoint of the weights before the first step
     checkpoint_path: str | None = None
     save_initial_checkpoint: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spelling(cls, v: Any) -> Any:
+        """ModelZoo's older ``max_checkpoints`` is ``keep_checkpoint_max``."""
+        return renamed(v, {"max_checkpoints": "keep_checkpoint_max"})
 
 
 class SparsityParams(Section):
