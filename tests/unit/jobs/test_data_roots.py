@@ -222,3 +222,30 @@ def test_a_starting_checkpoint_is_confined_to_the_roots_like_data(
         {**raw, "runconfig": {**raw["runconfig"], "checkpoint_path": "models/gpt2"}}, num_csx=1
     )
     assert job.params["runconfig"]["checkpoint_path"] == str(a / "models" / "gpt2")
+
+
+def test_a_trainer_layout_job_is_confined_named_as_written_and_reads_its_length_inside(
+    service: JobService, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A trainer: file is submitted as it is: its paths are confined like the legacy ones and named as the
+    user wrote them; an HDF5 input's left-out sequence length is read from the files only once they are
+    known to be inside the roots."""
+    import h5py
+    import numpy as np
+
+    from weightstream.params.convert import to_trainer
+
+    a, _ = roots
+    (a / "h5").mkdir()
+    with h5py.File(a / "h5" / "part.h5", "w") as f:
+        f.create_dataset("data", data=np.ones((16, 3, 12), np.int32))
+    raw = _hdf5_params(data_dir="h5")
+    del raw["train_input"]["max_sequence_length"]
+    trainer, _ = to_trainer(raw)
+    trainer["trainer"]["fit"]["train_dataloader"]["data_dir"] = str(tmp_path / "secrets")
+    problems = _refusal(service, trainer)
+    assert "outside the service's data roots" in problems["trainer.fit.train_dataloader.data_dir"].message
+    trainer["trainer"]["fit"]["train_dataloader"]["data_dir"] = "h5"
+    job = service.submit(trainer, num_csx=1)
+    assert job.params["train_input"]["data_dir"] == str(a / "h5")  # stored resolved, in the legacy layout
+    assert job.params["train_input"]["max_sequence_length"] == 12  # from the files, inside the root

@@ -280,3 +280,15 @@ def test_a_memoryx_dir_inside_the_job_is_accepted(make_service: Callable[..., Jo
     raw = _edit(TINY, **{"runconfig.memoryx_storage": "disk", "runconfig.memoryx_dir": "scratch/mx"})
     job = make_service().submit(raw, num_csx=1)
     assert job.params["runconfig"]["memoryx_dir"] == "scratch/mx"
+
+
+def test_the_service_keeps_a_files_own_checkpoint_retention_in_either_layout() -> None:
+    from weightstream.jobs.limits import ServiceLimits, with_service_defaults
+
+    limits = ServiceLimits(keep_checkpoint_max=5)
+    assert with_service_defaults({"runconfig": {"max_steps": 3}}, limits) == {"keep_checkpoint_max": 5}
+    assert with_service_defaults({"runconfig": {"keep_checkpoint_max": None}}, limits) == {}
+    trainer = {"trainer": {"init": {"callbacks": [{"ComputeNorm": {}}]}}}
+    assert with_service_defaults(trainer, limits) == {"keep_checkpoint_max": 5}
+    trainer["trainer"]["init"]["callbacks"].append({"KeepNCheckpoints": {"n": 2}})
+    assert with_service_defaults(trainer, limits) == {}  # KeepNCheckpoints is the trainer: spelling
