@@ -298,6 +298,16 @@ def test_missing_model_name_says_which_line_to_add() -> None:
     assert "model.rotary_dim" not in got  # llama's own key: the missing name is the one problem
 
 
+def test_legacy_load_checkpoint_states() -> None:
+    raw = copy.deepcopy(LEGACY)
+    raw["runconfig"]["load_checkpoint_states"] = "model"
+    loaded = read_params(raw)
+    assert dump_params(loaded.params) == dump_params(load_params(LEGACY))
+    assert {u.path: u.action for u in loaded.report}["runconfig.load_checkpoint_states"] == "used"
+    raw["runconfig"]["load_checkpoint_states"] = "model,optimizer"
+    assert "only 'model'" in _problems(raw)["runconfig.load_checkpoint_states"]
+
+
 def test_older_runconfig_spelling() -> None:
     raw = copy.deepcopy(LEGACY)
     raw["runconfig"]["max_checkpoints"] = raw["runconfig"].pop("keep_checkpoint_max")

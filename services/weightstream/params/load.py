@@ -129,7 +129,7 @@ def read_params(
         for key in overrides:
             origin.add(f"runconfig.{key}", override_label.format(key))
 
-    problems += _mixed_precision(raw, origin, reported)
+    problems += _mixed_precision(raw, origin, reported) + _load_states(raw, origin, reported)
     problems += _not_applicable(raw, origin, reported) + _unsupported(raw)
     try:
         parsed = Params.model_validate(raw)
@@ -169,6 +169,27 @@ def _mixed_precision(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]
             KeyUse(origin("model.fp16_type"), model["fp16_type"], "not applicable", "mixed precision is off")
         )
         raw["model"] = {k: v for k, v in model.items() if k != "fp16_type"}
+    return []
+
+
+def _load_states(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:
+    """ModelZoo's ``load_checkpoint_states`` (``LoadCheckpointStates``): which states of the starting
+    checkpoint to load. A Hugging Face directory holds the model's weights only, so ``model`` is what
+    loads; optimizer state and step start fresh. A weightstream run resumes fully from its own model_dir."""
+    rc = raw.get("runconfig")
+    if not isinstance(rc, dict) or "load_checkpoint_states" not in rc:
+        return []
+    value = rc["load_checkpoint_states"]
+    raw["runconfig"] = {k: v for k, v in rc.items() if k != "load_checkpoint_states"}
+    states = [s.strip() for s in value.split(",")] if isinstance(value, str) else value
+    if states != ["model"]:
+        why = (
+            "only 'model' is supported: checkpoint_path names a Hugging Face directory, which holds the "
+            "model's weights; a weightstream run resumes fully (optimizer, step, data) from its own model_dir"
+        )
+        return [Problem("runconfig.load_checkpoint_states", why, value)]
+    note = "the weights load from checkpoint_path; optimizer state and step start fresh"
+    reported.append(KeyUse(origin("runconfig.load_checkpoint_states"), value, "used", note))
     return []
 
 

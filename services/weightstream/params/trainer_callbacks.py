@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from weightstream.params.errors import Problem
-from weightstream.params.layout import KeyUse, join
+from weightstream.params.layout import join
 
 if TYPE_CHECKING:
     from weightstream.params.trainer_layout import Translation
@@ -82,31 +82,13 @@ def callbacks(t: Translation, value: Any, at: str) -> None:
 
 
 def _load_states(t: Translation, settings: Any, at: str) -> None:
-    """ModelZoo's LoadCheckpointStates: which states of ckpt_path to load. A Hugging Face directory
-    holds the model's weights only, so ``model`` is what weightstream loads; optimizer state and step
-    start fresh."""
+    """ModelZoo's LoadCheckpointStates: the legacy ``runconfig.load_checkpoint_states`` (load.py checks
+    it for both layouts)."""
     for key, v in t.mapping(settings, at).items():
-        here = join(at, key)
-        if key != "load_checkpoint_states":
-            t.unknown(here, key, ["load_checkpoint_states"])
-            continue
-        states = [s.strip() for s in v.split(",")] if isinstance(v, str) else v
-        if states != ["model"]:
-            t.problems.append(
-                Problem(
-                    here,
-                    "only 'model' is supported: ckpt_path names a Hugging Face directory, which holds the "
-                    "model's weights; a weightstream run resumes fully (optimizer, step, data) from its "
-                    "own model_dir",
-                    v,
-                )
-            )
+        if key == "load_checkpoint_states":
+            t.put("runconfig.load_checkpoint_states", v, join(at, key))
         else:
-            t.uses.append(
-                KeyUse(
-                    here, v, "used", "the weights load from ckpt_path; optimizer state and step start fresh"
-                )
-            )
+            t.unknown(join(at, key), key, ["load_checkpoint_states"])
 
 
 def loggers(t: Translation, value: Any, at: str) -> None:
