@@ -308,6 +308,13 @@ def test_legacy_load_checkpoint_states() -> None:
     assert "only 'model'" in _problems(raw)["runconfig.load_checkpoint_states"]
 
 
+def test_a_left_out_key_takes_modelzoos_default() -> None:
+    """cerebras.pytorch's Adam and AdamW default eps to 1e-6 (torch: 1e-8); LLaMA 3.1 leaves it out."""
+    raw = _trainer()
+    del raw["trainer"]["init"]["optimizer"]["AdamW"]["eps"]
+    assert load_params(raw).optimizer.eps == 1e-6
+
+
 def test_older_runconfig_spelling() -> None:
     raw = copy.deepcopy(LEGACY)
     raw["runconfig"]["max_checkpoints"] = raw["runconfig"].pop("keep_checkpoint_max")

@@ -105,7 +105,7 @@ class OptimizerParams(Section):
     optimizer_type: Literal["adamw", "adam", "sgd"]
     learning_rate: list[SchedulePieceParams] = Field(min_length=1)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-8
+    eps: PositiveFloat = 1e-6  # ModelZoo's default for Adam and AdamW (cerebras.pytorch), not torch's 1e-8
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     nesterov: bool = False
