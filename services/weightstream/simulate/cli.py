@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from weightstream.data.sequence_length import with_sequence_lengths
 from weightstream.params import ParamsError, load_params
 from weightstream.simulate.cluster import PRESETS, Cluster, ClusterError, load_cluster
 from weightstream.simulate.model import predict
@@ -146,8 +147,8 @@ def simulate(
         raise _fail(str(e)) from None
     if per_worker_batch is not None and global_batch:
         raise _fail("--per-worker-batch and --global-batch both set the batch: use one")
-    try:
-        p = load_params(params)
+    try:  # an HDF5 input's left-out sequence length is read from its files, as `run` does
+        p = with_sequence_lengths(load_params(params))
     except ParamsError as e:
         raise _fail(str(e)) from None
     workload = build_workload(

@@ -121,3 +121,26 @@ def test_plot_with_matplotlib(params: Path, tmp_path: Path) -> None:
     r = runner.invoke(app, ["simulate", str(params), "--num_csx", "1,2,4", "--plot", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_left_out_hdf5_sequence_length_is_read_from_the_files(tmp_path: Path) -> None:
+    """As `run` does: the workload's tokens per sample come from the files, not from a default of 1."""
+    import copy
+
+    import h5py
+    import numpy as np
+
+    (tmp_path / "h5").mkdir()
+    with h5py.File(tmp_path / "h5" / "a.h5", "w") as f:
+        f.create_dataset("data", data=np.ones((4, 3, 16), np.int32))
+    docs = []
+    for given in (16, None):
+        raw = copy.deepcopy(SMALL_GPT2)
+        raw["train_input"] = {"data_processor": "GptHDF5MapDataProcessor", "data_dir": str(tmp_path / "h5")}
+        raw["train_input"] |= {"batch_size": 8, **({"max_sequence_length": given} if given else {})}
+        path = tmp_path / f"p{given}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        r = runner.invoke(app, ["simulate", str(path), "--num_csx", "1,4", "--json"])
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(r.output)["predictions"])
+    assert docs[0] == docs[1]
