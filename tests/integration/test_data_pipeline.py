@@ -46,6 +46,7 @@ def _corpus(tmp: Path) -> tuple[Path, Path, Path]:
     return train_txt, train_jsonl, held
 
 
+@pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_tokenize_preprocess_train_llama_and_generate(tmp_path: Path) -> None:
     h5py = pytest.importorskip("h5py")
     torch = pytest.importorskip("torch", reason="pip install -e .[test]")

@@ -136,6 +136,7 @@ def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_trans
     assert_allclose(transformers_loss(ckpt, batches), evals[12], rtol=1e-5)
 
 
+@pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_sparse_runs_are_bitwise_reproducible_across_data_planes_and_masks_survive_resume(
     tmp_path: Path,
 ) -> None:

@@ -35,6 +35,7 @@ def _tensors(checkpoint: Path) -> dict[str, np.ndarray]:
     return {k: v for f in sorted(checkpoint.glob("model*.safetensors")) for k, v in load_file(f).items()}
 
 
+@pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_gpt2_from_pytorch_model_bin_at_two_workers(tmp_path: Path) -> None:
     torch.manual_seed(0)
     shape = {"vocab_size": 64, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_inner": 64}
@@ -67,6 +68,7 @@ LLAMA3 = {
 }
 
 
+@pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_llama_with_llama3_rope_scaling_starts_and_exports_with_transformers_loss(tmp_path: Path) -> None:
     from tests.integration.test_llama_appliance import _llama
 

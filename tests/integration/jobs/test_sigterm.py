@@ -26,6 +26,7 @@ from tests.integration.jobs.test_service import (
 from weightstream.checkpoint_layout import complete_checkpoints
 
 
+@pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_sigterm_requeues_a_running_job_which_resumes_after_a_restart(tmp_path: Path) -> None:
     """SIGTERM while a job trains past its first checkpoint: the service exits on its own, the job's roles
     are gone, and the job is ``queued`` with the reason in its history, not failed. The service started
