@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.test_initializers import GPT2 as TINY_GPT2
+from tests.unit.test_initializers import LLAMA as TINY_LLAMA
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.memoryx.storage import start_tensors
 from weightstream.params import load_params, model_def
@@ -28,35 +30,14 @@ torch = pytest.importorskip(
 )
 transformers = pytest.importorskip("transformers", reason="the models saved: pip install -e .[test]")
 
+# test_initializers' tiny models: GPT-2 with GPT2Config's default (tanh) GELU, so transformers' saved
+# model computes what the params say
 GPT2: dict[str, Any] = {
-    "train_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 2, "max_sequence_length": 16},
-    "model": {
-        "name": "gpt2",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 64,
-        "max_position_embeddings": 16,
-        "nonlinearity": "gelu_new",  # GPT2Config's default
-    },
-    "optimizer": {"optimizer_type": "adamw", "learning_rate": 1.0e-3},
+    **TINY_GPT2,
+    "model": {**TINY_GPT2["model"], "nonlinearity": "gelu_new"},
     "runconfig": {"num_csx": 1, "max_steps": 1},
 }
-LLAMA: dict[str, Any] = {
-    **GPT2,
-    "model": {
-        "name": "llama",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 48,
-        "max_position_embeddings": 16,
-        "attention_module": "multiquery_attention",
-        "extra_attention_params": {"num_kv_groups": 2},
-    },
-}
+LLAMA: dict[str, Any] = {**GPT2, "model": TINY_LLAMA["model"]}
 
 
 def _gpt2() -> Any:
