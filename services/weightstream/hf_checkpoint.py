@@ -21,7 +21,7 @@ Buffers some versions save (GPT-2's causal ``attn.bias`` / ``attn.masked_bias``,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,14 +120,19 @@ def _load_bin(file: Path) -> dict[str, Any]:
     return state
 
 
+def _by_file(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """(name, file) pairs grouped as {file: names}, files in first-seen order: each file opened once."""
+    out: dict[str, list[str]] = {}
+    for name, f in pairs:
+        out.setdefault(f, []).append(name)
+    return out
+
+
 def bin_tensors(path: Path, stored: Sequence[tuple[str, str]]) -> Iterator[tuple[str, np.ndarray]]:
     """The (stored name, file) tensors of a directory of pytorch_model*.bin files, one at a time, each a
     fresh writable float32 array: a file is opened (memory-mapped) once, for all of its tensors."""
     torch = _torch(path)
-    by_file: dict[str, list[str]] = {}
-    for name, f in stored:
-        by_file.setdefault(f, []).append(name)
-    for f, names in by_file.items():
+    for f, names in _by_file(stored).items():
         state = _load_bin(path / f)
         for name in names:
             # the one copy: out of the mapped file, into float32 (bf16 and fp16 files upcast exactly)
@@ -153,10 +158,7 @@ def stored_names(path: Path, names: Sequence[str]) -> tuple[dict[str, tuple[str,
 def tensor_shapes(path: Path, found: dict[str, tuple[str, str]]) -> dict[str, tuple[int, ...]]:
     """The stored shape of each found tensor, read from the file headers (no tensor data)."""
     out: dict[str, tuple[int, ...]] = {}
-    by_file: dict[str, list[str]] = {}
-    for n, (_, f) in found.items():
-        by_file.setdefault(f, []).append(n)
-    for f, ns in by_file.items():
+    for f, ns in _by_file((n, f) for n, (_, f) in found.items()).items():
         if f.endswith(".bin"):  # memory-mapped: the shapes come without the tensors' bytes
             state = _load_bin(path / f)
             out |= {n: tuple(state[found[n][0]].shape) for n in ns}

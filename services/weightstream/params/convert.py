@@ -10,12 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from weightstream.params.trainer_layout import PLAIN, TRAINER_SCHEDULERS
+from weightstream.params.optimizer_schema import SCHEDULERS, canonical_scheduler
+from weightstream.params.trainer_layout import PLAIN
 
 __all__ = ["to_trainer"]
 
 _OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
-_PIECES = {legacy.lower(): trainer for trainer, legacy in TRAINER_SCHEDULERS.items()}
 # legacy path -> (trainer.init section, key): the inverse of the trainer layout's plain tables
 _HOME = {
     legacy: (section, key)
@@ -33,7 +33,8 @@ def _schedulers(lr: Any) -> list[dict[str, Any]]:
     for piece in lr:
         settings = {k: v for k, v in piece.items() if k != "scheduler"}
         name = str(piece.get("scheduler", ""))
-        pieces.append({_PIECES.get(name.lower().replace("_", "").removesuffix("lr"), name): settings})
+        known = canonical_scheduler(name)  # ModelZoo's classes are the legacy names + "LR"
+        pieces.append({f"{known}LR" if known in SCHEDULERS else name: settings})
     return pieces if len(pieces) == 1 else [{"SequentialLR": {"schedulers": pieces}}]
 
 

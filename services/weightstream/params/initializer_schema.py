@@ -66,23 +66,7 @@ def _hint(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class InitializerParams(Section):
     """One initializer spec, with every parameter of its kind filled in (the others stay None)."""
 
-    name: Literal[
-        "constant",
-        "ones",
-        "zeros",
-        "uniform",
-        "normal",
-        "truncated_normal",
-        "xavier_normal",
-        "glorot_normal",
-        "xavier_uniform",
-        "glorot_uniform",
-        "kaiming_normal",
-        "kaiming_uniform",
-        "variance_scaling",
-        "lecun_normal",
-        "lecun_uniform",
-    ]
+    name: str  # one of _KINDS: ``_spec`` refuses any other, naming the nearest
     mean: float | None = None
     std: float | None = None
     a: float | None = None  # uniform, truncated_normal: the lower bound; kaiming: the negative slope

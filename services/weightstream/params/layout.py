@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from weightstream.params.errors import Problem
@@ -58,7 +58,7 @@ def relocate(problems: list[Problem], origin: Origin) -> list[Problem]:
     def message(text: str) -> str:
         return _KEY_PATH.sub(key, text)
 
-    return [Problem(origin(q.path), message(q.message), *_value(q)) for q in problems]
+    return [replace(q, path=origin(q.path), message=message(q.message)) for q in problems]
 
 
 _FILE_SUFFIXES = {"safetensors", "json", "bin", "h5", "yaml", "txt", "jsonl", "gz"}
@@ -66,11 +66,6 @@ _FILE_SUFFIXES = {"safetensors", "json", "bin", "h5", "yaml", "txt", "jsonl", "g
 _KEY_PATH = re.compile(
     r"\b(?:train_input|eval_input|model|optimizer|sparsity|runconfig)(?:\.[A-Za-z_]\w*|\[\d+\])+"
 )
-
-
-def _value(q: Problem) -> tuple[Any, ...]:
-    d = q.as_dict()
-    return (d["value"],) if "value" in d else ()
 
 
 def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

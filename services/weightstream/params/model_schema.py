@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator,
     Field,
     PositiveFloat,
     PositiveInt,
@@ -15,7 +14,15 @@ from pydantic import (
 
 from weightstream.numerics.rope_scaling import make_rope_scaling
 from weightstream.params.initializer_schema import InitializerParams
-from weightstream.params.section import HalfType, Section, ZeroDropout
+from weightstream.params.section import HalfType, Section, ZeroDropout, only_zero
+
+__all__ = [
+    "ExtraAttentionParams",
+    "FCMLPModelParams",
+    "GPT2ModelParams",
+    "LanguageModelParams",
+    "LlamaModelParams",
+]
 
 
 class _LanguageModelParams(Section):
@@ -97,16 +104,10 @@ class ExtraAttentionParams(Section):
     num_kv_groups: PositiveInt  # key/value heads of grouped-query attention
 
 
-def _llama_no_attention_dropout(v: float) -> float:
-    if v != 0.0:
-        raise ValueError(
-            "must be 0.0 for llama: weightstream implements attention dropout for gpt2/gpt3 only "
-            "(Hugging Face's LlamaForCausalLM attention_dropout is not implemented)"
-        )
-    return v
-
-
-LlamaNoDropout = Annotated[float, AfterValidator(_llama_no_attention_dropout)]
+LlamaNoDropout = only_zero(
+    "must be 0.0 for llama: weightstream implements attention dropout for gpt2/gpt3 only "
+    "(Hugging Face's LlamaForCausalLM attention_dropout is not implemented)"
+)
 
 
 class LlamaModelParams(_LanguageModelParams):

@@ -15,9 +15,19 @@ from pydantic import (
 from weightstream.params.errors import Problem
 from weightstream.params.section import Section, renamed
 
-_SCHEDULERS = ("Constant", "Linear", "CosineDecay", "Exponential", "Polynomial")
+__all__ = ["SCHEDULERS", "OptimizerParams", "SchedulePieceParams", "canonical_scheduler"]
+
+SCHEDULERS = ("Constant", "Linear", "CosineDecay", "Exponential", "Polynomial")
 # ModelZoo finds a scheduler by its lower-cased name with or without "LR" (linear, LinearLR, ...)
-_SCHEDULER_NAMES = {n.lower() + lr: n for n in _SCHEDULERS for lr in ("", "lr")}
+_SCHEDULER_NAMES = {n.lower() + lr: n for n in SCHEDULERS for lr in ("", "lr")}
+
+
+def canonical_scheduler(name: str) -> str:
+    """A schedule piece's name in any of ModelZoo's spellings (``Linear``, ``linear``, ``LinearLR``, the
+    trainer: layout's class names) as the legacy one (``Linear``); an unknown name as it is."""
+    return _SCHEDULER_NAMES.get(name.lower().replace("_", ""), name)
+
+
 # The keys each scheduler takes, as cerebras.pytorch 2.10's ConstantLR, LinearLR, CosineDecayLR,
 # ExponentialLR and PolynomialLR name their arguments (Constant's value may also be initial_learning_rate).
 # Linear's alpha is in ModelZoo's old GPT-2 files, where it never had an effect: accepted, ignored.
@@ -62,7 +72,7 @@ class SchedulePieceParams(Section):
     @field_validator("scheduler", mode="before")
     @classmethod
     def _canonical_name(cls, v: Any) -> Any:
-        return _SCHEDULER_NAMES.get(v.lower().replace("_", ""), v) if isinstance(v, str) else v
+        return canonical_scheduler(v) if isinstance(v, str) else v
 
     def problems(self, at: str, last: bool) -> list[Problem]:
         """What this piece lacks, and the keys it has that its scheduler does not take, each at its key
@@ -96,7 +106,7 @@ def _not_taken(key: str, scheduler: str) -> str:
             "ModelZoo's CosineDecay has no alpha (its floor is end_learning_rate: for Keras' alpha, set "
             "end_learning_rate to alpha * initial_learning_rate); alpha is accepted on Linear pieces only"
         )
-    *others, final = [n for n in _SCHEDULERS if key in _TAKES[n]]
+    *others, final = [n for n in SCHEDULERS if key in _TAKES[n]]
     takers = f"{', '.join(others)} and {final}" if others else final
     return f"applies to {takers} pieces, not {scheduler}"
 

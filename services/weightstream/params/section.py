@@ -11,19 +11,26 @@ from pydantic import (
     ConfigDict,
 )
 
+__all__ = ["HalfType", "Section", "ZeroDropout", "only_zero", "renamed"]
+
 
 class Section(BaseModel):
     # allow_inf_nan: a NaN or infinity (``.inf``, "Infinity") anywhere in params is an error, never a value
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def _zero_dropout(v: float) -> float:
-    if v != 0.0:
-        raise ValueError("weightstream supports only 0.0 (dropout is not implemented)")
-    return v
+def only_zero(message: str) -> Any:
+    """A float that must be 0.0 (a rate weightstream does not implement), else ``message``."""
+
+    def check(v: float) -> float:
+        if v != 0.0:
+            raise ValueError(message)
+        return v
+
+    return Annotated[float, AfterValidator(check)]
 
 
-ZeroDropout = Annotated[float, AfterValidator(_zero_dropout)]
+ZeroDropout = only_zero("weightstream supports only 0.0 (dropout is not implemented)")
 
 
 def _half_type(v: Any) -> Any:

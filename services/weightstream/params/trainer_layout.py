@@ -25,7 +25,7 @@ from weightstream.params.errors import Problem
 from weightstream.params.layout import KeyUse, Origin, join
 from weightstream.params.trainer_callbacks import callbacks, loggers
 
-__all__ = ["PLAIN", "TRAINER_SCHEDULERS", "Translation", "from_trainer"]
+__all__ = ["PLAIN", "Translation", "from_trainer"]
 
 # trainer section -> {key: legacy path}; a value of None is a whole legacy section
 PLAIN: dict[str, dict[str, str]] = {
@@ -104,14 +104,6 @@ _INIT_KEYS = (
     "loggers",
     "weightstream",
 )
-# trainer-layout schedule names -> the legacy piece names (ModelZoo's classes are the legacy name + "LR")
-TRAINER_SCHEDULERS = {
-    "ConstantLR": "Constant",
-    "LinearLR": "Linear",
-    "CosineDecayLR": "CosineDecay",
-    "ExponentialLR": "Exponential",
-    "PolynomialLR": "Polynomial",
-}
 
 
 @dataclass
@@ -315,7 +307,7 @@ def _schedulers(t: Translation, value: Any, at: str) -> None:
         name_at = join(piece_at, piece_name)
         legacy.append(
             {
-                "scheduler": TRAINER_SCHEDULERS.get(piece_name, piece_name),
+                "scheduler": piece_name,  # LinearLR: the schema takes ModelZoo's every spelling
                 **t.mapping(piece_settings, name_at),
             }
         )
