@@ -120,9 +120,13 @@ class LocalProcessBackend:
         addresses: dict[RoleSpec, str] = {}
         with self._lock:
             procs = dict(self.procs)
-        while len(addresses) < len(procs):
+        while True:
+            # checked before anything else: a stop before the first role spawned leaves no process to wait
+            # for, and an empty answer would read as "ready" to a job that was cancelled while starting
             if self._stopping:
                 raise BackendError("stopped while starting")
+            if len(addresses) == len(procs):
+                break
             dead = self.failures()
             if dead:
                 raise BackendError("; ".join(dead))

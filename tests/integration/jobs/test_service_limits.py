@@ -127,8 +127,8 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
     codes: list[int] = []
     lock = threading.Lock()
     jobs: list[str] = []
+    client = httpx.Client(base_url=service.url, headers=AUTH, timeout=60)
     try:
-        client = httpx.Client(base_url=service.url, headers=AUTH, timeout=60)
 
         def cancel_after(job_id: str, delay: float) -> None:
             time.sleep(delay)
@@ -164,8 +164,8 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
         ]
         pids = [p for j in statuses for p in _role_pids(Path(j["params"]["runconfig"]["model_dir"]))]
         _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)
+    finally:  # closed on a failure too: a leaked socket's ResourceWarning would fail a later test
         client.close()
-    finally:
         service.stop()
 
 
