@@ -129,6 +129,27 @@ def test_a_resumed_run_shows_every_step_once_with_its_own_values(six_steps: Path
     assert len(list((model_dir / "eval").glob("events.out.tfevents.*"))) == 2  # the first run's file stays
 
 
+def test_a_run_from_step_0_in_a_used_model_dir_replaces_the_earlier_records(
+    six_steps: Path, tmp_path: Path
+) -> None:
+    """``autoload_last_checkpoint: false`` starts from step 0 beside the earlier run's checkpoints: its steps
+    replace that run's records in metrics.jsonl (each step once, the new values) and in TensorBoard."""
+    model_dir = tmp_path / "m"
+    shutil.copytree(six_steps, model_dir)
+    params = json.loads(json.dumps(TINY))
+    seed = params["runconfig"]["seed"] + 1  # another initialisation: other losses from step 1 on
+    params["runconfig"].update(max_steps=4, eval_frequency=2, autoload_last_checkpoint=False, seed=seed)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = run(tmp_path / "params.yaml", model_dir)
+    assert r.returncode == 0, r.stderr
+    assert "resuming from" not in (model_dir / "run.log").read_text()
+    _assert_events_match_metrics(model_dir)
+    before, _ = _rows(six_steps)
+    after, evals_after = _rows(model_dir)  # a step twice fails here
+    assert sorted(after) == [1, 2, 3, 4] and sorted(evals_after) == [2, 4]
+    assert all(after[s]["loss"] != before[s]["loss"] for s in after)  # this run's records, not the earlier's
+
+
 def _start(params: Path, model_dir: Path) -> subprocess.Popen[str]:
     cmd = [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

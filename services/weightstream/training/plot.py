@@ -33,9 +33,9 @@ class Curves:
 
 
 def read_curves(model_dir: Path) -> Curves:
-    """The curves in ``model_dir/metrics.jsonl``. A step logged twice (a run restarted from scratch in the
-    same model_dir appends) keeps its last value; a torn last line (a crash mid-write) is skipped. Raises
-    ValueError naming the directory, or the file and line."""
+    """The curves in ``model_dir/metrics.jsonl``. A step logged twice (as earlier weightstream versions
+    wrote when a run restarted from step 0 in a used model_dir) keeps its last value; a torn last line (a
+    crash mid-write) is skipped. Raises ValueError naming the directory, or the file and line."""
     path = model_dir / "metrics.jsonl"
     if not model_dir.is_dir():
         raise ValueError(f"{model_dir}: no such directory")

@@ -135,7 +135,6 @@ class JobRunner:
             refuse_weights_only(resume[1])
             self.log.info("resuming from %s", resume[1])
             self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
-            trim_metrics(self.model_dir / "metrics.jsonl", start_step)  # the steps after it run again
         elif self.rc.checkpoint_path is not None:  # checked before any role starts; the shards load it
             try:
                 notes = check_start_checkpoint(self.params, self.model, self.rc.checkpoint_path)
@@ -144,6 +143,9 @@ class JobRunner:
             for note in notes:
                 self.log.info("%s", note)
             self._emit("status", status="starting_from", checkpoint=self.rc.checkpoint_path, step=0)
+        # the steps after the start run again (all of them from step 0: an earlier attempt that left no
+        # checkpoint, or autoload_last_checkpoint false), so their records of an earlier attempt go
+        trim_metrics(self.model_dir / "metrics.jsonl", start_step)
         roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
         self._emit("status", status="starting", roles=self.plan.counts())
         # a new role credential for every start: roles of an earlier run of this job cannot join this one
