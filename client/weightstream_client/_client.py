@@ -205,25 +205,7 @@ class Job:
         path = Path(path)
         if path.is_dir():
             path = path / _plain_file_name(f"{self.id}-logs.tar.gz")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                try:
-                    with self.client._http.stream("GET", f"{self._path}/logs/export") as r:
-                        if r.status_code >= 400:
-                            r.read()
-                            raise _api_error(r)
-                        for chunk in r.iter_bytes(1 << 20):
-                            fh.write(chunk)
-                except httpx.HTTPError as e:
-                    raise ApiError(0, "unreachable", f"log export from {self.client.url} failed: {e}") from e
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        self._stream_to_file(f"{self._path}/logs/export", path, "log export")
         return path
 
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -297,17 +279,44 @@ class Job:
         out = Path(directory) / f"checkpoint_{step_}"
         out.mkdir(parents=True, exist_ok=True)
         for name, size in files:
-            tmp = out / (name + ".partial")
             url = f"{self._path}/checkpoints/{step_}/files/{quote(name, safe='')}"
-            with self.client._http.stream("GET", url, timeout=None) as r, open(tmp, "wb") as fh:
-                if r.status_code >= 400:
-                    raise ApiError(r.status_code, "http_error", f"download of {name} failed")
-                for chunk in r.iter_bytes(1 << 20):
-                    fh.write(chunk)
-            if tmp.stat().st_size != size:
-                raise ApiError(0, "incomplete", f"{name}: got {tmp.stat().st_size} of {size} bytes")
-            tmp.replace(out / name)
+            self._stream_to_file(url, out / name, f"download of {name}", size, timeout=None)
         return out
+
+    def _stream_to_file(
+        self,
+        url: str,
+        path: Path,
+        what: str,
+        size: int | None = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+    ) -> None:
+        """GET ``url`` into ``path`` through a temporary file beside it, fsynced and renamed when complete
+        (and ``size`` bytes long, if given): ``path`` is never left half-written, an earlier file there
+        stays whole until the new one replaces it, and a failed transfer leaves nothing behind. The
+        service's error answer is raised as its ApiError."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                try:
+                    with self.client._http.stream("GET", url, timeout=timeout) as r:
+                        if r.status_code >= 400:
+                            r.read()
+                            raise _api_error(r)
+                        for chunk in r.iter_bytes(1 << 20):
+                            fh.write(chunk)
+                except httpx.HTTPError as e:
+                    raise ApiError(0, "unreachable", f"{what} from {self.client.url} failed: {e}") from e
+                got = fh.tell()
+                if size is not None and got != size:
+                    raise ApiError(0, "incomplete", f"{what}: got {got} of {size} bytes")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def _checked_listing(job_id: str, cp: dict[str, Any]) -> tuple[int, list[tuple[str, int]]]:

@@ -41,6 +41,9 @@ class HostileServer:
         @app.get("/v1/jobs/{job_id}/checkpoints/{step}/files/{name:path}")
         def file(job_id: str, step: str, name: str) -> Response:
             self.requested.append(name)
+            if name == "gone.safetensors":  # deleted between the listing and the download
+                error = b'{"error": {"code": "not_found", "message": "gone.safetensors is gone"}}'
+                return Response(error, status_code=404, media_type="application/json")
             return Response(b"pwned", media_type="application/octet-stream")
 
         self.app = app
@@ -82,6 +85,29 @@ def test_download_refuses_a_malformed_step(
         client.job("j1").download(tmp_path)
     assert e.value.code == "bad_listing" and repr(step) in e.value.message
     assert list(tmp_path.iterdir()) == [] and server.requested == []
+
+
+@pytest.mark.parametrize(
+    ("listed", "code"),
+    [
+        ({"name": "model.safetensors", "size": 9}, "incomplete"),
+        ({"name": "gone.safetensors", "size": 5}, "not_found"),
+    ],
+)
+def test_a_failed_file_download_leaves_nothing_behind_and_an_earlier_file_whole(
+    hostile: tuple[HostileServer, Client], tmp_path: Path, listed: dict[str, Any], code: str
+) -> None:
+    """A short file (the server sent 5 of the 9 bytes it listed) or the service's error answer: the
+    ApiError says which, no temporary file is left, and a file of an earlier download stays as it was."""
+    server, client = hostile
+    server.checkpoint = {"step": 1, "files": [listed]}
+    earlier = tmp_path / "checkpoint_1" / listed["name"]
+    earlier.parent.mkdir()
+    earlier.write_bytes(b"earlier")
+    with pytest.raises(ApiError) as e:
+        client.job("j1").download(tmp_path)
+    assert e.value.code == code and listed["name"] in e.value.message
+    assert list(earlier.parent.iterdir()) == [earlier] and earlier.read_bytes() == b"earlier"
 
 
 def test_download_of_a_real_checkpoint_writes_every_file(tmp_path: Path) -> None:
