@@ -224,3 +224,68 @@ def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path)
     faults._assert_bitwise_equal(model_dir / "checkpoint_30", straight / "checkpoint_30")
     assert any(p.name.startswith("sparsity_masks") for p in (model_dir / "checkpoint_30").iterdir())
     assert faults._losses(model_dir) == faults._losses(straight)
+
+
+# gmp: dense at first (level 0 at step 0), 0.1 more zeros after every step until step 9 (0.9), then fixed
+GMP = {
+    "algorithm": "gmp",
+    "sparsity": {"type": "linear", "init": 0.0, "slope": 0.1},
+    "update": {"freq": 1, "stop": 10},
+}
+
+
+def _write_gmp(tmp: Path) -> Path:
+    p = json.loads(json.dumps(SPARSE_GPT2))
+    p["sparsity"] = GMP
+    p["runconfig"].update(max_steps=12, checkpoint_steps=4)
+    path = tmp / "gmp.yaml"
+    path.write_text(yaml.safe_dump(p))
+    return path
+
+
+def _assert_level(masks: dict[str, np.ndarray], level: float) -> None:
+    for name, mask in masks.items():
+        kept = int((np.float32(1) - np.float32(level)) * np.float32(mask.size))
+        assert np.count_nonzero(mask) == kept, (name, level)
+
+
+def test_gmp_prunes_gradually_through_the_appliance_like_the_reference(tmp_path: Path) -> None:
+    """Two workers: every step's loss follows the reference, masks made again from the trained weights
+    after each step until step 9; by then the rule has moved the products to the sparse kernels."""
+    params_path = _write_gmp(tmp_path)
+    params = load_params(params_path)
+    model = model_def(params)
+    assert [n for n in model.sparse_candidates if use_sparse_kernels(model.specs[n].shape, 0.1)]
+    r = run(params_path, tmp_path / "m", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    losses, _ = metrics(tmp_path / "m")
+    trainer = ReferenceTrainer(params, num_shards=2)
+    for step in range(1, 13):
+        assert_allclose(losses[step], trainer.train_step().loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
+        if step == 4:
+            _assert_level(_tensors(tmp_path / "m" / "checkpoint_4", "sparsity_masks"), 0.4)
+    masks = _tensors(tmp_path / "m" / "checkpoint_12", "sparsity_masks")
+    weights = _tensors(tmp_path / "m" / "checkpoint_12", "model")
+    assert len(masks) == 8
+    _assert_level(masks, np.float32(0.0) + np.float32(9) * np.float32(0.1))  # the last update: step 9
+    for name, mask in masks.items():
+        assert np.array_equal(mask, trainer.masks[name] > 0), name  # the reference's masks, exactly
+        assert not weights[name][~mask].any() and np.count_nonzero(weights[name]) <= 0.1 * mask.size
+    assert losses[12] < 0.8 * losses[1]
+
+
+@pytest.mark.slow  # ~10 s
+def test_a_gmp_run_resumed_mid_schedule_on_one_worker_continues_it(tmp_path: Path) -> None:
+    """Resumed from step 4 (level 0.4) on one worker: the schedule goes on from there, with the same
+    masks and losses as the two-worker run that never stopped."""
+    params_path = _write_gmp(tmp_path)
+    assert run(params_path, tmp_path / "m", "--num_csx", "2").returncode == 0
+    resumed = resume_copy(params_path, tmp_path / "m" / "checkpoint_4", tmp_path / "r", "1")
+    full, _ = metrics(tmp_path / "m")
+    after, _ = metrics(resumed)
+    assert sorted(after) == list(range(5, 13))
+    for step in after:
+        assert_allclose(after[step], full[step], rtol=LOSS_RTOL, err_msg=f"step {step}")
+    masks = _tensors(resumed / "checkpoint_12", "sparsity_masks")
+    for name, mask in _tensors(tmp_path / "m" / "checkpoint_12", "sparsity_masks").items():
+        assert np.array_equal(masks[name], mask), name

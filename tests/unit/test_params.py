@@ -159,8 +159,9 @@ BAD = [
     ),
     ("sparsity without a level", ("sparsity", {"init_method": "topk"}), "sparsity.sparsity", "required"),
     ("dense sparsity", ("sparsity", {"sparsity": 1.0}), "sparsity.sparsity", "[0, 1)"),
-    ("dynamic sparsity", ("sparsity", {"sparsity": 0.5, "algorithm": "gmp"}), "sparsity.algorithm", "static"),
-    ("gmp schedule", ("sparsity", {"sparsity": 0.5, "schedule": [1]}), "sparsity.schedule", "gmp"),
+    ("dynamic sparsity", ("sparsity", {"sparsity": 0.5, "algorithm": "rigl"}), "sparsity.algorithm", "gmp"),
+    ("constant gmp", ("sparsity", {"sparsity": 0.5, "algorithm": "gmp"}), "sparsity.sparsity", "static"),
+    ("gmp schedule", ("sparsity", {"sparsity": 0.5, "schedule": [1]}), "sparsity", "one of sparsity and"),
     ("unknown init", ("sparsity", {"sparsity": 0.5, "init_method": "snip"}), "sparsity.init_method", "topk"),
     ("unknown sparsity key", ("sparsity", {"sparsity": 0.5, "type": "static"}), "sparsity.type", "algorithm"),
     (

@@ -325,6 +325,11 @@ class MemoryXShard:
 
                 # block by block: weight, gradient and state in, weight and state back
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])
+            for n in self.sparse.due(step + 1):  # dynamic sparsity: masks made again from these weights
+                keys = [n, *self.state_keys[n]]
+                compact = self.sparse.remask(n, step + 1, [self.store.get(k) for k in keys])
+                for key, v in zip(keys, compact, strict=True):
+                    self.store.put(key, v)
             self._drop_gradients()
             self._crcs = {}
             self.step += 1

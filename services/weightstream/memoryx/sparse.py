@@ -4,8 +4,9 @@ A sparse tensor lives in the shard's store *compact*: its kept values only, 1-D,
 order, and so do its optimizer state and its gradients. The optimizer then runs over kept entries alone:
 a pruned weight has no value, no state and no gradient to update, so it is zero, and its state is zero,
 for the whole run by construction (and the optimizer does a density's share of the work). Dense form
-exists only at the edges: when the mask is made or loaded, and when a checkpoint is written (ordinary
-dense safetensors with zeros, which Hugging Face loads as they are, plus the masks in a file of their own).
+exists only at the edges: when the mask is made or loaded (or made again by gmp, one tensor at a time),
+and when a checkpoint is written (ordinary dense safetensors with zeros, which Hugging Face loads as they
+are, plus the masks in a file of their own).
 
 The masks are held in RAM in their wire encoding (``transport.sparse``: a bitmask or delta bytes, at most
 one bit per entry), never as positions, so a disk-mode shard's resident memory grows by at most 1/32 of
@@ -15,12 +16,13 @@ like the weights themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from weightstream.memoryx.store import BLOCK_ELEMENTS
 from weightstream.numerics.sparse_masks import SparsitySpec, make_positions
+from weightstream.numerics.sparsity_schedule import largest_positions
 from weightstream.transport.shm import SharedArena
 from weightstream.transport.sparse import decode_index, encode_index, index_name
 
@@ -67,8 +69,25 @@ class SparseTensors:
             shared = self.arena.empty(data.shape, np.uint8)
             shared[...] = data
             data = shared
+        old = self._index.get(name)
+        if old is not None and self.arena is not None:
+            self.arena.release(old[1])  # a dynamic mask made again: its last index goes
         self._index[name] = (kind, data)
         self.nnz[name] = len(positions)
+
+    def due(self, step: int) -> list[str]:
+        """The dynamic tensors whose masks are made again after update ``step`` (1-based)."""
+        return [n for n, spec in self.specs.items() if spec.due(step)]
+
+    def remask(self, name: str, step: int, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Make ``name``'s mask again after update ``step`` (gmp: the entries of largest magnitude of the
+        weight, as many as the level at ``step`` keeps) and return ``buffers`` (the compact weight first,
+        then its optimizer state) compacted to it: kept entries keep their values, entries pruned now are
+        dropped with their state, entries kept again (a falling level) start at zero, state included."""
+        dense = [self.dense(name, b) for b in buffers]
+        kept = self.specs[name].kept_at(self.numel(name), step)
+        self._set(name, largest_positions(dense[0], kept))
+        return [self.compact(name, d) for d in dense]
 
     def positions(self, name: str) -> np.ndarray:
         kind, data = self._index[name]

@@ -112,7 +112,7 @@ class SparseWeight:
     def from_positions(
         cls, shape: tuple[int, int], positions: np.ndarray, values: np.ndarray
     ) -> SparseWeight:
-        """Validate and derive the structure once (the worker caches it per tensor: masks are static)."""
+        """Validate and derive the structure once (the worker caches it per mask, until the mask changes)."""
         if len(shape) != 2 or min(shape) < 1:
             raise ValueError(f"SparseWeight shape must be 2-D and non-empty (got {shape!r})")
         shape = (int(shape[0]), int(shape[1]))

@@ -25,6 +25,8 @@ from typing import Literal
 
 import numpy as np
 
+from weightstream.numerics.sparsity_schedule import LevelSchedule, UpdateSchedule, gmp_kept, largest_positions
+
 __all__ = ["INIT_METHODS", "InitMethod", "SparsitySpec", "kept_count", "kept_entries", "make_positions"]
 
 InitMethod = Literal["random", "topk", "balanced-topk", "checkerboard"]
@@ -34,17 +36,37 @@ _MASK_STREAM = 0x6D61736B  # "mask": keeps the random method's stream apart from
 
 @dataclass(frozen=True)
 class SparsitySpec:
-    """How one tensor is sparse: the fraction of zeros, and how the kept entries are chosen."""
+    """How one tensor is sparse: the fraction of zeros, and how the kept entries are chosen. With a
+    ``schedule`` (``algorithm: gmp``) the mask is made again at the ``update`` steps (sparsity_schedule.py),
+    and ``sparsity`` is the level the run starts at (0.0: dense until the first update)."""
 
-    sparsity: float  # in [0, 1)
+    sparsity: float  # in [0, 1); with a schedule in [0, 1]
     init_method: InitMethod = "random"
     seed: int = 0
+    schedule: LevelSchedule | None = None
+    update: UpdateSchedule | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.sparsity < 1.0:  # also refuses NaN
+        # also refuses NaN; a static mask keeps something, a scheduled level may reach 1
+        if not (0.0 <= self.sparsity <= 1.0 if self.dynamic else 0.0 <= self.sparsity < 1.0):
             raise ValueError(f"sparsity must be in [0, 1) (got {self.sparsity!r})")
         if self.init_method not in INIT_METHODS:
             raise ValueError(f"init_method must be one of {INIT_METHODS} (got {self.init_method!r})")
+        if (self.schedule is None) != (self.update is None):
+            raise ValueError("a dynamic sparsity spec needs both a level schedule and an update schedule")
+
+    @property
+    def dynamic(self) -> bool:
+        return self.schedule is not None
+
+    def due(self, step: int) -> bool:
+        """Whether the mask is made again after update ``step`` (1-based)."""
+        return self.update is not None and self.update.is_update(step)
+
+    def kept_at(self, numel: int, step: int) -> int:
+        """Entries kept of ``numel`` by the mask made at update ``step`` (a dynamic spec)."""
+        assert self.schedule is not None
+        return gmp_kept(numel, self.schedule.at(step))
 
 
 def kept_count(numel: int, sparsity: float) -> int:
@@ -55,11 +77,13 @@ def kept_count(numel: int, sparsity: float) -> int:
 
 
 def kept_entries(shape: tuple[int, ...], spec: SparsitySpec) -> int:
-    """How many entries ``make_positions`` keeps of a tensor of ``shape``: balanced-topk counts per row."""
+    """How many entries ``make_positions`` keeps of a tensor of ``shape``: balanced-topk counts per row. A
+    dynamic spec's first mask counts as its later ones do (``gmp_kept``, float32)."""
     rows, cols = shape
+    count = gmp_kept if spec.dynamic else kept_count
     if spec.init_method == "balanced-topk":
-        return rows * kept_count(cols, spec.sparsity)
-    return kept_count(rows * cols, spec.sparsity)
+        return rows * count(cols, spec.sparsity)
+    return count(rows * cols, spec.sparsity)
 
 
 def make_positions(name: str, shape: tuple[int, ...], spec: SparsitySpec, weight: np.ndarray) -> np.ndarray:
@@ -71,7 +95,7 @@ def make_positions(name: str, shape: tuple[int, ...], spec: SparsitySpec, weight
     numel = rows * cols
     method = spec.init_method
     if method == "balanced-topk":
-        per_row = kept_count(cols, spec.sparsity)
+        per_row = kept_entries((1, cols), spec)
         mag = np.abs(weight.reshape(rows, cols))
         # stable sort of -|w| in each row: the largest first, ties by column
         keep = np.argsort(-mag, axis=1, kind="stable")[:, :per_row]  # [R, per_row]
@@ -82,8 +106,7 @@ def make_positions(name: str, shape: tuple[int, ...], spec: SparsitySpec, weight
         rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode()), _MASK_STREAM])
         return np.sort(rng.permutation(numel)[:kept].astype(np.int64))
     if method == "topk":
-        order = np.argsort(-np.abs(weight.reshape(-1)), kind="stable")[:kept]
-        return np.sort(order.astype(np.int64))
+        return largest_positions(weight, kept)
     # checkerboard: ``kept`` evenly spaced slots q in [0, numel); slot q is row q // C at column
     # (q % C - row) mod C, i.e. each row's pattern rotated one column further than the last
     q = np.arange(kept, dtype=np.int64) * numel // max(kept, 1)

@@ -34,6 +34,7 @@ from weightstream.params.schema import (
     SchedulePieceParams,
     SparsityParams,
 )
+from weightstream.params.sparsity_schema import LEVEL_TAGS, LevelScheduleParams, UpdateParams
 from weightstream.params.trainer_layout import from_trainer
 
 __all__ = [
@@ -257,6 +258,8 @@ def _user_loc(loc: Any) -> list[Any]:
     loc = list(loc)
     if len(loc) >= 2 and loc[0] == "model" and loc[1] in _MODELS:
         del loc[1]
+    if loc[:1] == ["sparsity"]:  # the level's form: a tag of the union, not a key
+        loc = [part for part in loc if part not in LEVEL_TAGS]
     return loc
 
 
@@ -281,6 +284,10 @@ def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | Non
         return SchedulePieceParams
     if loc == ["sparsity"]:
         return SparsityParams
+    if loc == ["sparsity", "update"]:
+        return UpdateParams
+    if loc[:2] == ["sparsity", "sparsity"]:
+        return LevelScheduleParams
     return RunConfig if loc == ["runconfig"] else None
 
 

@@ -15,9 +15,7 @@ _MUP = "muP (maximal update parametrization) is not implemented"
 _MHA = "gpt2 uses multi-head attention; grouped-query attention is model.name: llama"
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "sparsity": {
-        "schedule": "dynamic sparsity (algorithm: gmp) is not implemented; only algorithm: static",
-        "update": "dynamic sparsity (algorithm: gmp) is not implemented; only algorithm: static",
-        "drop_fraction": "dynamic sparsity (set, rigl) is not implemented; only algorithm: static",
+        "drop_fraction": "dynamic sparsity set and rigl are not implemented; algorithm static and gmp are",
     },
     "train_input": {
         "vocab_file": "tokenize with `weightstream data-preprocess`, read with GptHDF5MapDataProcessor",

@@ -28,6 +28,7 @@ from weightstream.params.model_schema import (
 )
 from weightstream.params.optimizer_schema import OptimizerParams, SchedulePieceParams
 from weightstream.params.section import Section, renamed
+from weightstream.params.sparsity_schema import SparsityParams
 
 __all__ = [
     "DATA_PROCESSORS",
@@ -138,38 +139,6 @@ class RunConfig(Section):
     def _older_spelling(cls, v: Any) -> Any:
         """ModelZoo's older ``max_checkpoints`` is ``keep_checkpoint_max``."""
         return renamed(v, {"max_checkpoints": "keep_checkpoint_max"})
-
-
-class SparsityParams(Section):
-    """ModelZoo's ``sparsity:`` block: unstructured weight sparsity, fixed masks (``algorithm: static``)."""
-
-    # the fraction of zeros: one for every tensor param_filter selects, or per glob of tensor names
-    # (each tensor takes the first glob, in the file's order, that matches it; others stay dense)
-    sparsity: float | dict[str, float]
-    init_method: Literal["random", "topk", "balanced-topk", "checkerboard"] = "random"
-    # globs over the Hugging Face tensor names; default: every 2-D weight of a linear layer (not the
-    # embeddings or the LM head; norms and biases are 1-D)
-    param_filter: str | list[str] | None = None
-    algorithm: str = "static"
-    seed: NonNegativeInt | None = None  # of the random masks; default: runconfig.seed
-
-    @field_validator("sparsity")
-    @classmethod
-    def _fractions(cls, v: float | dict[str, float]) -> float | dict[str, float]:
-        for level in v.values() if isinstance(v, dict) else [v]:
-            if not 0.0 <= level < 1.0:
-                raise ValueError(f"must be a fraction of zeros in [0, 1) (got {level!r})")
-        return v
-
-    @field_validator("algorithm")
-    @classmethod
-    def _static_only(cls, v: str) -> str:
-        if v != "static":
-            raise ValueError(
-                "only 'static' (masks fixed for the whole run) is implemented; dynamic sparsity "
-                "(gmp, set, rigl) is not"
-            )
-        return v
 
 
 class Params(Section):

@@ -16,13 +16,24 @@ from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import NamedTuple
 
+import numpy as np
+
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse_masks import SparsitySpec, kept_entries
+from weightstream.numerics.sparsity_schedule import LevelSchedule, UpdateSchedule
 from weightstream.params.errors import Problem
 from weightstream.params.modelzoo_names import fused_why, modelzoo_names
 from weightstream.params.schema import Params
+from weightstream.params.sparsity_schema import LevelScheduleParams, SparsityParams
 
-__all__ = ["SPARSE_FAMILIES", "filter_selection", "model_density", "sparsity_problems", "sparsity_specs"]
+__all__ = [
+    "SPARSE_FAMILIES",
+    "filter_selection",
+    "final_kept",
+    "model_density",
+    "sparsity_problems",
+    "sparsity_specs",
+]
 
 # the models whose units multiply their linear weights through ``matmul_any``/``weight_grad``
 SPARSE_FAMILIES = ("gpt2", "llama", "fc_mlp")
@@ -131,7 +142,8 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
             selection.append((glob, selected))
             chosen += [n for n in selected if n not in chosen]  # biases and norms a glob also hits: dense
     specs: dict[str, SparsitySpec] = {}
-    if isinstance(sp.sparsity, float):
+    levels: dict[str, float | LevelScheduleParams]
+    if not isinstance(sp.sparsity, dict):
         levels = dict.fromkeys(chosen, sp.sparsity)
     else:
         levels = {}
@@ -145,15 +157,53 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
             for n in hits.tensors:
                 levels.setdefault(n, level)  # the first glob that matches wins
     for n in model.specs:  # the model's tensor order
-        if n in levels and levels[n] > 0.0:
-            specs[n] = SparsitySpec(levels[n], sp.init_method, seed)
+        level = levels.get(n)
+        if isinstance(level, LevelScheduleParams):
+            specs[n] = _dynamic_spec(level, sp, seed)
+        elif level is not None and level > 0.0:
+            specs[n] = SparsitySpec(level, sp.init_method, seed)
     return _Resolved(specs, problems, selection)
 
 
+def _dynamic_spec(level: LevelScheduleParams, sp: SparsityParams, seed: int) -> SparsitySpec:
+    """gmp: the level schedule and the update steps (default: after every step, and at the start, so the
+    run starts sparse at the schedule's level at step 0; with a later start it starts dense)."""
+    schedule = LevelSchedule(
+        level.type,
+        level.init,
+        level.slope,
+        level.gamma,
+        level.final,
+        level.beta,
+        level.half_period,
+        level.minimum,
+    )
+    u = sp.update
+    update = (
+        UpdateSchedule()
+        if u is None
+        else UpdateSchedule(
+            u.freq or 1, u.start or 0, u.stop, tuple(u.steps) if u.steps is not None else None
+        )
+    )
+    start = float(schedule.at(0)) if update.is_update(0) else 0.0
+    return SparsitySpec(start, sp.init_method, seed, schedule, update)
+
+
+def final_kept(shape: tuple[int, ...], spec: SparsitySpec, max_steps: int) -> int:
+    """Entries a tensor keeps at the end of a run of ``max_steps``: a gmp mask's at its last update."""
+    last = spec.update.last_update(max_steps) if spec.update is not None else None
+    if last is None or last == 0:
+        return kept_entries(shape, spec)
+    return spec.kept_at(int(np.prod(shape)), last)
+
+
 def model_density(p: Params, model: ModelDef) -> float:
-    """Non-zero weights over all weights, as the masks will make them (1.0 for a dense model)."""
+    """Non-zero weights over all weights, as the masks will make them (1.0 for a dense model; with gmp, as
+    the run ends)."""
+    steps = p.runconfig.max_steps
     pruned = sum(
-        model.specs[n].numel - kept_entries(model.specs[n].shape, s)
+        model.specs[n].numel - final_kept(model.specs[n].shape, s, steps)
         for n, s in sparsity_specs(p, model).items()
     )
     return 1.0 - pruned / model.num_params

@@ -23,6 +23,7 @@ from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.model import accumulate_grads
 from weightstream.numerics.optim import clip_coefficient, grad_sq_sum, init_state, optimizer_step
 from weightstream.numerics.sparse_masks import make_positions
+from weightstream.numerics.sparsity_schedule import largest_positions
 from weightstream.params import Params, model_def, optimizer_config
 from weightstream.params.sparsity import sparsity_specs
 from weightstream.training.divergence import check_finite
@@ -47,13 +48,11 @@ class ReferenceTrainer:
         self.opt = optimizer_config(params.optimizer)
         self.weights = init_params(self.model, params.runconfig.seed)
         self.masks: dict[str, np.ndarray] = {}  # sparse tensors: float32 1.0 where kept, 0.0 where pruned
-        for n, spec in sparsity_specs(params, self.model).items():
-            w = self.weights[n]
-            mask = np.zeros(w.size, dtype=np.float32)
-            mask[make_positions(n, w.shape, spec, w)] = 1.0
-            self.masks[n] = mask.reshape(w.shape)
-            w *= self.masks[n]
+        self.sparsity = sparsity_specs(params, self.model)
         self.state = {n: init_state(self.opt.kind, s.shape) for n, s in self.model.specs.items()}
+        for n, spec in self.sparsity.items():
+            w = self.weights[n]
+            self._mask(n, make_positions(n, w.shape, spec, w))
         self.train_data = make_data_processor(params.train_input, params.model, "train")
         self.eval_data = (
             make_data_processor(params.eval_input, params.model, "eval") if params.eval_input else None
@@ -101,7 +100,19 @@ class ReferenceTrainer:
                 for buf in (self.weights[name], *self.state[name].values()):
                     buf *= self.masks[name]
         self.step += 1
+        for name, spec in self.sparsity.items():  # gmp: the largest weights, as many as the level keeps
+            if spec.due(self.step):
+                w = self.weights[name]
+                self._mask(name, largest_positions(w, spec.kept_at(w.size, self.step)))
         return StepResult(self.step, loss, lr, norm, tokens, time.perf_counter() - t0)
+
+    def _mask(self, name: str, positions: np.ndarray) -> None:
+        """Keep only ``positions`` of tensor ``name``: its weight and optimizer state are zero elsewhere."""
+        mask = np.zeros(self.model.specs[name].numel, dtype=np.float32)
+        mask[positions] = 1.0
+        self.masks[name] = mask.reshape(self.model.specs[name].shape)
+        for buf in (self.weights[name], *self.state[name].values()):
+            buf *= self.masks[name]
 
     def evaluate(self) -> float:
         """Mean loss over ``runconfig.eval_steps`` batches of the eval split; TrainingDiverged if it is

@@ -1,9 +1,10 @@
 """Sparse weights as they arrive at a worker: values plus index in, ``SparseWeight`` out.
 
-The index of a tensor does not change while its mask does not (masks are static), so the structure
-derived from it (positions, row pointers, columns) is built once per tensor and reused: only the values,
-which change every step, are new in each unit. A changed index (another mask: a rerun from a different
-checkpoint on a long-lived worker) is noticed by its checksum and rebuilt.
+The index of a tensor does not change while its mask does not (static masks never do; gmp's change at its
+update steps), so the structure derived from it (positions, row pointers, columns) is built once per mask
+and reused: only the values, which change every step, are new in each unit. A changed index (a gmp mask
+made again, or a rerun from a different checkpoint on a long-lived worker) is noticed by its checksum and
+rebuilt.
 """
 
 from __future__ import annotations

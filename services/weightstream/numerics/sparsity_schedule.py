@@ -1,0 +1,115 @@
+"""Dynamic sparsity's two schedules (``algorithm: gmp``), as cerebras.pytorch defines them.
+
+Gradual magnitude pruning (GMP, Zhu & Gupta 2017) makes a sparse weight's mask again at *update steps*:
+the entries of largest magnitude are kept, as many as the level of zeros the *level schedule* gives at that
+step allows. Pruned weights are zero, so while the level rises they stay pruned, and the mask only shrinks.
+
+Steps are counted as updates applied (1-based after the first optimizer step), as cerebras.pytorch's
+``DynamicSparsityAlgorithm.update`` counts them: after the optimizer's k-th update, if ``is_update(k)``, the
+mask is made again at ``level_at(k)``. Step 0 is the start: a run starts sparse at ``level_at(0)`` only if
+step 0 is an update step (``update: {freq: ...}`` with no ``start``), and dense otherwise.
+
+Levels are computed in float32 with cerebras.pytorch's formulas and clamped to [0, 1]; the entries kept of
+a tensor are ``int((1 - level) * numel)`` in float32 (its ``make_mask_topk_sparsity``), so a run keeps
+exactly the counts a Cerebras run would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["LEVEL_KINDS", "LevelKind", "LevelSchedule", "UpdateSchedule", "gmp_kept", "largest_positions"]
+
+LevelKind = Literal["linear", "exp", "power", "cosine"]
+LEVEL_KINDS: tuple[str, ...] = LevelKind.__args__  # type: ignore[attr-defined]
+_F32 = np.float32
+
+
+@dataclass(frozen=True)
+class LevelSchedule:
+    """The level of zeros at a step. ``linear``: init + step * slope; ``exp``: final - (final - init) *
+    exp(step * gamma); ``power``: init * beta ** step; ``cosine``: from init down to minimum and back every
+    2 * half_period steps."""
+
+    kind: LevelKind
+    init: float
+    slope: float = 0.0  # linear
+    gamma: float = 0.0  # exp
+    final: float = 1.0  # exp
+    beta: float = 1.0  # power
+    half_period: float = 1.0  # cosine
+    minimum: float = 0.0  # cosine
+
+    def __post_init__(self) -> None:
+        if self.kind not in LEVEL_KINDS:
+            raise ValueError(f"level schedule type must be one of {LEVEL_KINDS} (got {self.kind!r})")
+        if self.kind == "cosine" and self.half_period == 0:
+            raise ValueError("a cosine level schedule needs a half_period other than 0")
+
+    def at(self, step: int) -> np.float32:
+        """The level at ``step``, float32, clamped to [0, 1] (the float32 arithmetic of cerebras.pytorch's
+        ``Linear``/``Exp``/``Power``/``Cosine``, whose tensors are float32 and whose step is converted)."""
+        s = _F32(step)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            if self.kind == "linear":
+                v = _F32(self.init) + s * _F32(self.slope)
+            elif self.kind == "exp":
+                final = _F32(self.final)
+                v = final - (final - _F32(self.init)) * np.exp(s * _F32(self.gamma))
+            elif self.kind == "power":
+                v = _F32(self.init) * np.power(_F32(self.beta), s + 1)
+            else:  # cosine: offset and amplitude from Python floats, as the class computes them
+                offset = (self.minimum + self.init) / 2
+                amp = self.init - offset
+                v = _F32(amp) * np.cos(s * _F32(math.pi / self.half_period)) + _F32(offset)
+        if np.isnan(v):  # an infinity clamps, as torch.clamp does; a NaN would count no entries
+            raise ValueError(f"the sparsity level schedule gives NaN at step {step}")
+        return _F32(min(max(v, _F32(0.0)), _F32(1.0)))
+
+
+@dataclass(frozen=True)
+class UpdateSchedule:
+    """The steps at which masks are made again: every ``freq`` steps from ``start`` (default 0) up to, not
+    including, ``stop``; or exactly the ``steps`` listed."""
+
+    freq: int = 1
+    start: int = 0
+    stop: int | None = None
+    steps: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.freq < 1:
+            raise ValueError(f"update freq must be at least 1 (got {self.freq})")
+
+    def is_update(self, step: int) -> bool:
+        if self.steps is not None:
+            return step in self.steps
+        due = (step - self.start) % self.freq == 0 and step >= self.start
+        return due and (self.stop is None or step < self.stop)
+
+    def last_update(self, max_steps: int) -> int | None:
+        """The last update step in [0, max_steps], or None if there is none."""
+        if self.steps is not None:
+            inside = [s for s in self.steps if 0 <= s <= max_steps]
+            return max(inside) if inside else None
+        end = max_steps if self.stop is None else min(max_steps, self.stop - 1)
+        if end < self.start:
+            return None
+        return end - (end - self.start) % self.freq
+
+
+def gmp_kept(numel: int, level: np.float32) -> int:
+    """Entries kept of ``numel`` at ``level``: ``int((1 - level) * numel)`` in float32, as
+    ``make_mask_topk_sparsity`` counts them."""
+    return int((_F32(1.0) - _F32(level)) * _F32(numel))
+
+
+def largest_positions(weight: np.ndarray, kept: int) -> np.ndarray:
+    """The flat positions of the ``kept`` entries of largest magnitude, ascending (ties: the lower position
+    wins). Pruned entries are zero, so they come last."""
+    order = np.argsort(-np.abs(weight.reshape(-1)), kind="stable")[:kept]
+    return np.sort(order.astype(np.int64))

@@ -1,0 +1,183 @@
+"""ModelZoo's ``sparsity:`` block as a params section: static masks, or gradual magnitude pruning (gmp).
+
+The keys are cerebras.pytorch's (``sparse.configure``): ``algorithm``, ``sparsity`` (or its alias
+``schedule``), ``init_method``, ``param_filter``, ``update``, ``seed``. A level schedule is a mapping with a
+``type`` (``linear``, ``exp``, ``power``, ``cosine``) and that type's own keys; a per-glob mapping of levels
+has globs for keys. What the schedules compute is in ``numerics/sparsity_schedule.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Discriminator,
+    NonNegativeInt,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from weightstream.params.section import Section
+
+__all__ = ["LEVEL_TAGS", "LevelScheduleParams", "SparsityParams", "UpdateParams"]
+
+# each level schedule type's keys: (required, optional), as cerebras.pytorch's classes take them
+_LEVEL_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("init", "slope"), ()),
+    "exp": (("init", "gamma"), ("final",)),
+    "power": (("init", "beta"), ()),
+    "cosine": (("init", "half_period"), ("minimum",)),
+}
+
+
+class LevelScheduleParams(Section):
+    """The level of zeros as a function of the step (``algorithm: gmp``)."""
+
+    type: Literal["linear", "exp", "power", "cosine"]
+    init: float
+    slope: float = 0.0
+    gamma: float = 0.0
+    final: float = 1.0
+    beta: float = 1.0
+    half_period: float = 1.0
+    minimum: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_of_the_type(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        kind = str(v.get("type", "")).lower()
+        if kind == "constant":
+            raise ValueError(
+                "a constant level never changes the mask: write the level itself with algorithm: static"
+            )
+        if kind == "cycling":
+            raise ValueError("the cycling level schedule is not implemented (linear, exp, power, cosine are)")
+        if kind not in _LEVEL_KEYS:
+            return v  # the type's own error, naming the choices
+        required, optional = _LEVEL_KEYS[kind]
+        missing = [k for k in required if k not in v]
+        if missing:
+            raise ValueError(f"a {kind} level schedule needs {' and '.join(missing)}")
+        stray = [k for k in v if k not in ("type", *required, *optional)]
+        if stray:
+            keys = ", ".join((*required, *optional))
+            raise ValueError(f"{', '.join(stray)} is not a key of a {kind} level schedule (its keys: {keys})")
+        if kind == "cosine" and v["half_period"] == 0:
+            raise ValueError("half_period must not be 0")
+        return {**v, "type": kind}
+
+    @model_serializer(mode="wrap")
+    def _only_the_types_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Written back (model_dir/params.yaml) with its type's keys only, as it is read."""
+        required, optional = _LEVEL_KEYS[self.type]
+        return {k: v for k, v in handler(self).items() if k in ("type", *required, *optional)}
+
+
+class UpdateParams(Section):
+    """When gmp makes the masks again: every ``freq`` steps from ``start`` until before ``stop``, or at the
+    ``steps`` listed. Steps count updates applied (the first update is step 1; 0 is the start)."""
+
+    freq: PositiveInt | None = None
+    start: NonNegativeInt | None = None
+    stop: PositiveInt | None = None
+    steps: list[NonNegativeInt] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> UpdateParams:
+        if self.steps is not None and (self.freq, self.start, self.stop) != (None, None, None):
+            raise ValueError("give either steps or freq/start/stop")
+        if self.steps is None and self.freq is None:
+            raise ValueError("needs freq (or steps)")
+        if self.steps is not None and not self.steps:
+            raise ValueError("steps must list at least one step")
+        return self
+
+
+def _tag(v: Any) -> str:
+    """Which form a level takes: a mapping with a ``type`` is a schedule, another mapping is per glob."""
+    if isinstance(v, LevelScheduleParams) or (isinstance(v, dict) and "type" in v):
+        return "schedule"
+    return "per_glob" if isinstance(v, dict) else "level"
+
+
+# the tags never reach a user: load.py leaves them out of key paths (LEVEL_TAGS)
+LEVEL_TAGS = ("level", "schedule", "per_glob")
+Level = Annotated[
+    Annotated[float, Tag("level")] | Annotated[LevelScheduleParams, Tag("schedule")], Discriminator(_tag)
+]
+Levels = Annotated[
+    Annotated[float, Tag("level")]
+    | Annotated[LevelScheduleParams, Tag("schedule")]
+    | Annotated[dict[str, Level], Tag("per_glob")],
+    Discriminator(_tag),
+]
+
+
+class SparsityParams(Section):
+    """ModelZoo's ``sparsity:`` block: unstructured weight sparsity, fixed masks (``algorithm: static``) or
+    masks made again from the weights' magnitudes as the level rises (``algorithm: gmp``)."""
+
+    algorithm: str = "static"  # first: the checks of sparsity and update read it
+    # the fraction of zeros (static) or its schedule (gmp): one for every tensor param_filter selects, or
+    # per glob of tensor names (each tensor takes the first glob, in the file's order, that matches it)
+    sparsity: Levels
+    init_method: Literal["random", "topk", "balanced-topk", "checkerboard"] = "random"
+    # globs over the Hugging Face tensor names; default: every 2-D weight of a linear layer (not the
+    # embeddings or the LM head; norms and biases are 1-D)
+    param_filter: str | list[str] | None = None
+    update: UpdateParams | None = None  # gmp: when masks are made again (default: after every step)
+    seed: NonNegativeInt | None = None  # of the random masks; default: runconfig.seed
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_alias(cls, v: Any) -> Any:
+        """cerebras.pytorch takes ``schedule`` for ``sparsity``."""
+        if not isinstance(v, dict):
+            return v
+        if "schedule" in v and "sparsity" in v:
+            raise ValueError("give one of sparsity and schedule (schedule is another name for sparsity)")
+        return {("sparsity" if k == "schedule" else k): x for k, x in v.items()}
+
+    @field_validator("sparsity")
+    @classmethod
+    def _levels_fit_the_algorithm(cls, v: Any, info: ValidationInfo) -> Any:
+        levels = list(v.values()) if isinstance(v, dict) else [v]
+        for level in levels:
+            if isinstance(level, float) and not 0.0 <= level < 1.0:
+                raise ValueError(f"must be a fraction of zeros in [0, 1) (got {level!r})")
+        scheduled = [isinstance(x, LevelScheduleParams) for x in levels]
+        algorithm = info.data.get("algorithm")
+        if algorithm == "static" and any(scheduled):
+            raise ValueError("a level schedule (a mapping with a type) needs algorithm: gmp")
+        if algorithm == "gmp" and not all(scheduled):
+            raise ValueError(
+                "gmp needs a level schedule ({type: linear, init: 0.0, slope: ...}): a constant level never "
+                "changes the mask, which is algorithm: static"
+            )
+        return v
+
+    @field_validator("algorithm")
+    @classmethod
+    def _implemented(cls, v: str) -> str:
+        if v.lower() not in ("static", "gmp"):
+            raise ValueError(
+                f"{v!r} is not implemented: 'static' (masks fixed for the whole run) and 'gmp' (gradual "
+                "magnitude pruning) are; set and rigl are not"
+            )
+        return v.lower()
+
+    @field_validator("update")
+    @classmethod
+    def _only_gmp(cls, v: UpdateParams | None, info: ValidationInfo) -> UpdateParams | None:
+        if v is not None and info.data.get("algorithm") == "static":
+            raise ValueError(
+                "needs algorithm: gmp (update says when masks are made again; static ones never change)"
+            )
+        return v
