@@ -200,11 +200,18 @@ def test_sparse_training_with_disk_memoryx_and_bfloat16_keeps_pruned_weights_zer
 
 
 @pytest.mark.slow
-def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["static", "gmp"])
+def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path, algorithm: str) -> None:
     """Masks are rebuilt from the recovery snapshot by a replaced MemoryX shard and the worker's index
-    structure by a replaced worker: the end result is the fault-free run's, bit for bit."""
+    structure by a replaced worker: the end result is the fault-free run's, bit for bit (gmp: masks made
+    again every few steps, from the snapshot's on, through the replayed steps)."""
     faults = import_module("tests.integration.test_faults")
     params = _write(tmp_path, max_steps=30, recovery_snapshot_steps=5, rpc_timeout_s=8.0, num_csx=2)
+    if algorithm == "gmp":
+        raw = yaml.safe_load(params.read_text())
+        gmp = {"type": "linear", "init": 0.0, "slope": 0.03}
+        raw["sparsity"] = {"algorithm": "gmp", "sparsity": gmp, "update": {"freq": 3}}
+        params.write_text(yaml.safe_dump(raw))
     straight = tmp_path / "straight"
     assert run(params, straight, "--num_csx", "2").returncode == 0
     model_dir = tmp_path / "faulty"
