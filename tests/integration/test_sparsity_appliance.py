@@ -114,6 +114,11 @@ def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_trans
     ckpt = tmp_path / "m" / "checkpoint_12"
     weights, masks = _tensors(ckpt, "model"), _tensors(ckpt, "sparsity_masks")
     blocks = [n for n, w in weights.items() if w.ndim == 2 and n.startswith("transformer.h.")]
+    # two MemoryX shards: masks in two files, with Hugging Face's index like model and optimizer
+    mask_files = {f.name for f in ckpt.glob("sparsity_masks*.safetensors")}
+    index = json.loads((ckpt / "sparsity_masks.safetensors.index.json").read_text())
+    assert len(mask_files) == 2 and set(index["weight_map"].values()) == mask_files
+    assert set(index["weight_map"]) == set(masks)
     assert len(blocks) == 8 and set(masks) == set(blocks)
     for n in blocks:  # at most 10% non-zeros, exactly where the mask keeps
         assert np.count_nonzero(weights[n]) <= 0.1 * weights[n].size, n

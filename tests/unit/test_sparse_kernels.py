@@ -120,6 +120,7 @@ def test_matmul_any_sparse_operands_as_the_worker_calls_them() -> None:
         (matmul_any(_transposed_copy(d), w.T), _t(d) @ wd.T),
         (matmul_any(d, w.T, bias=col_bias), _t(d) @ wd.T + _t(col_bias)),
         (matmul_any(w, d.T, bias=m_bias), wd @ _t(d).T + _t(m_bias)),  # sparse left, column bias
+        (matmul_any(h, w, bias=m_bias[:, None]), _t(h) @ wd + _t(m_bias[:, None])),  # sparse right, row bias
     ]
     for got, want in checks:
         assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-4)
@@ -191,6 +192,9 @@ def test_the_rule() -> None:
         assert not use_sparse_kernels(shape, 1.0)
         assert not use_sparse_kernels(shape, 0.25)  # measured 1.24-1.32x dense there
     assert not use_sparse_kernels((64, 64), 0.01)  # tiny: dense
+    # the documented bounds: density <= 0.15 (break-even measured near 0.18) and 64 Ki entries
+    assert use_sparse_kernels((768, 768), 0.15) and not use_sparse_kernels((768, 768), 0.2)
+    assert use_sparse_kernels((256, 256), 0.1) and not use_sparse_kernels((255, 256), 0.1)
 
 
 def _digest() -> str:

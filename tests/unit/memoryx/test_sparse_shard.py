@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard
+from weightstream.numerics import ModelDef
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import optimizer_step
 from weightstream.numerics.sparse_masks import INIT_METHODS, SparsitySpec, kept_count, make_positions
@@ -62,6 +63,11 @@ def test_masks_are_deterministic_and_as_sparse_as_asked(method: str) -> None:
         assert per_row.max() - per_row.min() <= 1
         if method == "balanced-topk":
             assert (per_row == kept_count(w.shape[1], 0.9)).all()
+            kept = np.zeros(w.size, bool)
+            kept[a] = True
+            mag, keep_rows = np.abs(w), kept.reshape(w.shape)
+            for row, keep in zip(mag, keep_rows, strict=True):  # each row keeps its own largest
+                assert row[keep].min() >= row[~keep].max()
 
 
 def test_shard_holds_sparse_tensors_compact_and_sends_values_with_index(storage: Path | None) -> None:
@@ -247,3 +253,63 @@ def test_the_reported_density_is_that_of_the_masks_made(method: str) -> None:
         w = init_tensor(spec, 7)
         kept += len(make_positions(n, spec.shape, sparse, w)) if sparse else spec.numel
     assert model_density(p, model) == pytest.approx(kept / model.num_params, abs=1e-12)
+
+
+@pytest.mark.parametrize("method", ["topk", "balanced-topk"])
+def test_magnitude_ties_keep_the_lower_positions(rng, method: str) -> None:
+    """Ties in magnitude (a checkpoint of rounded weights; here three magnitudes, either sign) go to the
+    lower position, as the module documents, so the mask never depends on the sort algorithm."""
+    w = (rng.integers(1, 4, (16, 40)) * rng.choice([-1, 1], (16, 40))).astype(np.float32)
+    a = make_positions("w", w.shape, SparsitySpec(0.75, method), w)
+    pos = np.arange(w.size).reshape(w.shape)
+    if method == "topk":  # by magnitude, descending, then by position
+        want = np.lexsort((pos.reshape(-1), -np.abs(w).reshape(-1)))[: kept_count(w.size, 0.75)]
+    else:  # the same within each row
+        per_row = kept_count(40, 0.75)
+        want = np.concatenate([p[np.lexsort((p, -np.abs(r)))[:per_row]] for r, p in zip(w, pos, strict=True)])
+    assert np.array_equal(a, np.sort(want))
+
+
+def _write_masks_in_two_files(
+    shard: MemoryXShard, model: ModelDef, specs: dict[str, SparsitySpec], ckpt: Path
+) -> None:
+    """A checkpoint whose masks span two files under Hugging Face's shard names, as a run with two
+    MemoryX shards (or a small ``checkpoint_max_shard_size``) writes them."""
+    names = list(model.specs)
+    states = [f"{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq")]
+    sparse = list(specs)
+    shard.write_checkpoint(
+        0,
+        [(ckpt / "model.safetensors", names)],
+        [(ckpt / "optimizer.safetensors", states)],
+        [
+            (ckpt / "sparsity_masks-00001-of-00002.safetensors", sparse[:3]),
+            (ckpt / "sparsity_masks-00002-of-00002.safetensors", sparse[3:]),
+        ],
+    )
+    (ckpt / "trainer_state.json").write_text('{"global_step": 0}')
+
+
+def test_masks_in_several_checkpoint_files_are_all_loaded_on_resume(tmp_path: Path) -> None:
+    """Every ``sparsity_masks*.safetensors`` file is read: another seed resumes the saved masks of the
+    tensors in either file, not masks made anew."""
+    shard, model, specs = _shard()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    _write_masks_in_two_files(shard, model, specs, ckpt)
+    reseeded = {**SPARSE, "sparsity": {**SPARSE["sparsity"], "seed": 99}}
+    again, _, _ = _shard(reseeded, resume=ckpt)
+    for n in specs:
+        assert np.array_equal(_positions(again, n), _positions(shard, n)), n
+
+
+def test_a_checkpoint_mask_of_the_wrong_shape_is_refused(tmp_path: Path) -> None:
+    shard, model, specs = _shard()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    _write_masks_in_two_files(shard, model, specs, ckpt)
+    masks = load_file(ckpt / "sparsity_masks-00001-of-00002.safetensors")
+    masks[C_FC] = masks[C_FC].T.copy()  # the same entries count, transposed: [64, 32] for [32, 64]
+    save_file(masks, ckpt / "sparsity_masks-00001-of-00002.safetensors")
+    with pytest.raises(ValueError, match=r"mask of 'transformer\.h\.0\.mlp\.c_fc\.weight' has shape"):
+        _shard(resume=ckpt)

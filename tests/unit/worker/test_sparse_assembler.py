@@ -51,3 +51,17 @@ def test_an_index_for_a_tensor_that_cannot_be_sparse_is_refused(rng) -> None:
         bad = _wire(rng, 100)
         bad[C_FC] = bad[C_FC][:99]
         assemble(bad)
+
+
+def test_values_that_are_not_1d_are_a_protocol_error(rng) -> None:
+    """A peer sending the kept values with a shape (a dense-shaped or [nnz, 1] tensor) breaks the wire
+    format: refused as a ProtocolError naming the tensor, on the first step and once the structure is
+    cached alike."""
+    assemble = SparseAssembler(model_def(load_params(TINY)))
+    good = _wire(rng, 200)
+    bad = {**good, C_FC: good[C_FC].reshape(200, 1)}
+    with pytest.raises(ProtocolError, match=r"c_fc\.weight: sparse values must be 1-D"):
+        assemble(bad)
+    assemble(good)
+    with pytest.raises(ProtocolError, match="1-D"):
+        assemble(bad)
