@@ -54,7 +54,12 @@ class LevelSchedule:
     def at(self, step: int) -> np.float32:
         """The level at ``step``, float32, clamped to [0, 1] (the float32 arithmetic of cerebras.pytorch's
         ``Linear``/``Exp``/``Power``/``Cosine``, whose tensors are float32 and whose step is converted)."""
-        s = _F32(step)
+        return self.levels(np.array([step], dtype=np.int64))[0]
+
+    def levels(self, steps: np.ndarray) -> np.ndarray:
+        """``at`` of every one of ``steps`` (int64), as float32: one code path for one step and many, so
+        validation (every update step of a run) sees exactly the levels training will."""
+        s = steps.astype(_F32)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             # exp, pow and cos in float64 rounded to float32: as close to torch's float32 ones as numpy gets
             # (numpy's own float32 SIMD loops are up to 2 ulp off them, and may differ between CPUs)
@@ -62,16 +67,19 @@ class LevelSchedule:
                 v = _F32(self.init) + s * _F32(self.slope)
             elif self.kind == "exp":
                 final = _F32(self.final)
-                v = final - (final - _F32(self.init)) * _F32(np.exp(np.float64(s * _F32(self.gamma))))
+                v = final - (final - _F32(self.init)) * np.exp(
+                    (s * _F32(self.gamma)).astype(np.float64)
+                ).astype(_F32)
             elif self.kind == "power":
-                v = _F32(self.init) * _F32(np.power(np.float64(_F32(self.beta)), np.float64(s)))
+                v = _F32(self.init) * np.power(np.float64(_F32(self.beta)), s.astype(np.float64)).astype(_F32)
             else:  # cosine: offset and amplitude from Python floats, as the class computes them
                 offset = (self.minimum + self.init) / 2
-                amp = self.init - offset
-                v = _F32(amp) * _F32(np.cos(np.float64(s * _F32(math.pi / self.half_period)))) + _F32(offset)
-        if np.isnan(v):  # an infinity clamps, as torch.clamp does; a NaN would count no entries
-            raise ValueError(f"the sparsity level schedule gives NaN at step {step}")
-        return _F32(min(max(v, _F32(0.0)), _F32(1.0)))
+                angle = (s * _F32(math.pi / self.half_period)).astype(np.float64)
+                v = _F32(self.init - offset) * np.cos(angle).astype(_F32) + _F32(offset)
+        nan = np.flatnonzero(np.isnan(v))
+        if len(nan):  # an infinity clamps, as torch.clamp does; a NaN would count no entries
+            raise ValueError(f"the sparsity level schedule gives NaN at step {int(steps[nan[0]])}")
+        return np.clip(v, _F32(0.0), _F32(1.0)).astype(_F32)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,13 @@ class UpdateSchedule:
             return step in self.steps
         due = (step - self.start) % self.freq == 0 and step >= self.start
         return due and (self.stop is None or step < self.stop)
+
+    def update_steps(self, max_steps: int) -> np.ndarray:
+        """Every update step in [0, max_steps], ascending (int64)."""
+        if self.steps is not None:
+            return np.array(sorted({s for s in self.steps if 0 <= s <= max_steps}), dtype=np.int64)
+        end = max_steps + 1 if self.stop is None else min(max_steps + 1, self.stop)
+        return np.arange(self.start, max(end, self.start), self.freq, dtype=np.int64)
 
     def last_update(self, max_steps: int) -> int | None:
         """The last update step in [0, max_steps], or None if there is none."""

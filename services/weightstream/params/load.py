@@ -34,7 +34,7 @@ from weightstream.params.schema import (
     SchedulePieceParams,
     SparsityParams,
 )
-from weightstream.params.sparsity_schema import LEVEL_TAGS, LevelScheduleParams, UpdateParams
+from weightstream.params.sparsity_schema import LEVEL_TAGS, LEVEL_TYPES, UpdateParams
 from weightstream.params.trainer_layout import from_trainer
 
 __all__ = [
@@ -270,6 +270,22 @@ def _path(loc: list[Any]) -> str:
     return out or "<file>"
 
 
+def _user_path(loc: list[Any], raw: dict[str, Any]) -> str:
+    """``_path``, with the glob of a per-glob ``sparsity`` mapping quoted as params/sparsity.py names it
+    (``sparsity.sparsity['*.mlp.*'].slope``)."""
+    section = raw.get("sparsity")
+    levels = None
+    if (
+        isinstance(section, dict)
+        and len(loc) > 2
+        and loc[:2] in (["sparsity", "sparsity"], ["sparsity", "schedule"])
+    ):
+        levels = section.get(loc[1])
+    if isinstance(levels, dict) and "type" not in levels:
+        return _path(loc[:2]) + f"[{loc[2]!r}]" + "".join(f".{x}" for x in loc[3:])
+    return _path(loc)
+
+
 def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | None:
     if not loc:
         return Params
@@ -286,13 +302,19 @@ def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | Non
         return SparsityParams
     if loc == ["sparsity", "update"]:
         return UpdateParams
-    if loc[:2] == ["sparsity", "sparsity"]:
-        return LevelScheduleParams
+    if loc[:2] in (["sparsity", "sparsity"], ["sparsity", "schedule"]):  # a level schedule: by its type
+        node = raw.get("sparsity", {}).get(loc[1], {})
+        for glob in loc[2:]:
+            node = node.get(glob, {}) if isinstance(node, dict) else {}
+        return LEVEL_TYPES.get(str(node.get("type", "")).lower()) if isinstance(node, dict) else None
     return RunConfig if loc == ["runconfig"] else None
 
 
 def _translate(err: Any, raw: dict[str, Any]) -> Problem:
     loc = _user_loc(err["loc"])
+    sparsity = raw.get("sparsity")
+    if loc[:2] == ["sparsity", "sparsity"] and isinstance(sparsity, dict) and "schedule" in sparsity:
+        loc[1] = "schedule"  # cerebras.pytorch's other name for it, as the file has it
     kind = err["type"]
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         tag = err.get("ctx", {}).get("tag")
@@ -300,16 +322,16 @@ def _translate(err: Any, raw: dict[str, Any]) -> Problem:
             return Problem("model.name", f"must be one of {_MODEL_NAMES}", tag)
         return Problem("model.name", _missing_name(raw.get("model")))
     if kind == "missing":
-        return Problem(_path(loc), "is required but missing")
+        return Problem(_user_path(loc, raw), "is required but missing")
     if kind == "extra_forbidden":
         key = loc[-1]
         cls = _section_class(loc[:-1], raw)
         allowed = sorted(cls.model_fields) if cls else []
         close = difflib.get_close_matches(str(key), allowed, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return Problem(_path(loc), f"is not a known key{hint} allowed here: {', '.join(allowed)}")
+        return Problem(_user_path(loc, raw), f"is not a known key{hint} allowed here: {', '.join(allowed)}")
     msg = err["msg"].removeprefix("Value error, ")
-    return Problem(_path(loc), msg, err.get("input"))
+    return Problem(_user_path(loc, raw), msg, err.get("input"))
 
 
 def _missing_name(model: Any) -> str:

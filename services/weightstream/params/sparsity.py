@@ -12,6 +12,7 @@ parameters one of our tensors holds (GPT-2's fused q/k/v ``c_attn``): we cannot 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import NamedTuple
@@ -159,25 +160,30 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
     for n in model.specs:  # the model's tensor order
         level = levels.get(n)
         if isinstance(level, LevelScheduleParams):
-            specs[n] = _dynamic_spec(level, sp, seed)
+            spec = specs[n] = _dynamic_spec(level, sp, seed)
+            bad = _nan_step(spec.schedule, spec.update, p.runconfig.max_steps)
+            if bad is not None and all(q.message != bad for q in problems):
+                problems.append(Problem("sparsity.sparsity", bad, level.model_dump()))
         elif level is not None and level > 0.0:
             specs[n] = SparsitySpec(level, sp.init_method, seed)
     return _Resolved(specs, problems, selection)
 
 
+@functools.lru_cache(maxsize=16)
+def _nan_step(schedule: LevelSchedule | None, update: UpdateSchedule | None, max_steps: int) -> str | None:
+    """Why a level schedule cannot run (a NaN at one of the run's update steps), found before it starts."""
+    assert schedule is not None and update is not None
+    try:
+        schedule.levels(update.update_steps(max_steps))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _dynamic_spec(level: LevelScheduleParams, sp: SparsityParams, seed: int) -> SparsitySpec:
     """gmp: the level schedule and the update steps (default: after every step, and at the start, so the
     run starts sparse at the schedule's level at step 0; with a later start it starts dense)."""
-    schedule = LevelSchedule(
-        level.type,
-        level.init,
-        level.slope,
-        level.gamma,
-        level.final,
-        level.beta,
-        level.half_period,
-        level.minimum,
-    )
+    schedule = LevelSchedule(level.type, **level.model_dump(exclude={"type"}))  # type: ignore[arg-type]
     u = sp.update
     update = (
         UpdateSchedule()

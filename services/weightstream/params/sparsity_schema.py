@@ -14,70 +14,116 @@ from pydantic import (
     Discriminator,
     NonNegativeInt,
     PositiveInt,
-    SerializerFunctionWrapHandler,
     Tag,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from weightstream.params.section import Section
 
-__all__ = ["LEVEL_TAGS", "LevelScheduleParams", "SparsityParams", "UpdateParams"]
-
-# each level schedule type's keys: (required, optional), as cerebras.pytorch's classes take them
-_LEVEL_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "linear": (("init", "slope"), ()),
-    "exp": (("init", "gamma"), ("final",)),
-    "power": (("init", "beta"), ()),
-    "cosine": (("init", "half_period"), ("minimum",)),
-}
+__all__ = [
+    "LEVEL_TAGS",
+    "LEVEL_TYPES",
+    "CosineLevel",
+    "ExpLevel",
+    "LevelScheduleParams",
+    "LinearLevel",
+    "PowerLevel",
+    "SparsityParams",
+    "UpdateParams",
+]
 
 
 class LevelScheduleParams(Section):
-    """The level of zeros as a function of the step (``algorithm: gmp``)."""
+    """The level of zeros as a function of the step (``algorithm: gmp``): one class per ``type``, each
+    with cerebras.pytorch's keys for it, so a key of another type is an unknown key here."""
 
-    type: Literal["linear", "exp", "power", "cosine"]
+    type: str
     init: float
-    slope: float = 0.0
-    gamma: float = 0.0
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _any_case(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+
+class LinearLevel(LevelScheduleParams):
+    """init + step * slope"""
+
+    type: Literal["linear"]
+    slope: float
+
+
+class ExpLevel(LevelScheduleParams):
+    """final - (final - init) * exp(step * gamma)"""
+
+    type: Literal["exp"]
+    gamma: float
     final: float = 1.0
-    beta: float = 1.0
-    half_period: float = 1.0
+
+
+class PowerLevel(LevelScheduleParams):
+    """init * beta ** step"""
+
+    type: Literal["power"]
+    beta: float
+
+
+class CosineLevel(LevelScheduleParams):
+    """From init down to minimum and back every 2 * half_period steps."""
+
+    type: Literal["cosine"]
+    half_period: float
     minimum: float = 0.0
 
-    @model_validator(mode="before")
+    @field_validator("half_period")
     @classmethod
-    def _keys_of_the_type(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        kind = str(v.get("type", "")).lower()
+    def _not_zero(cls, v: float) -> float:
+        if v == 0:
+            raise ValueError("must not be 0 (a cosine's half period, in steps)")
+        return v
+
+
+class _RefusedLevel(Section, extra="allow"):
+    """A level schedule type weightstream refuses, by name."""
+
+    type: Any
+
+    @field_validator("type")
+    @classmethod
+    def _refused(cls, v: Any) -> Any:
+        kind = str(v).lower()
         if kind == "constant":
             raise ValueError(
                 "a constant level never changes the mask: write the level itself with algorithm: static"
             )
         if kind == "cycling":
             raise ValueError("the cycling level schedule is not implemented (linear, exp, power, cosine are)")
-        if kind not in _LEVEL_KEYS:
-            return v  # the type's own error, naming the choices
-        required, optional = _LEVEL_KEYS[kind]
-        missing = [k for k in required if k not in v]
-        if missing:
-            raise ValueError(f"a {kind} level schedule needs {' and '.join(missing)}")
-        stray = [k for k in v if k not in ("type", *required, *optional)]
-        if stray:
-            keys = ", ".join((*required, *optional))
-            raise ValueError(f"{', '.join(stray)} is not a key of a {kind} level schedule (its keys: {keys})")
-        if kind == "cosine" and v["half_period"] == 0:
-            raise ValueError("half_period must not be 0")
-        return {**v, "type": kind}
+        raise ValueError(f"must be one of {', '.join(LEVEL_TYPES)} (a level schedule's type)")
 
-    @model_serializer(mode="wrap")
-    def _only_the_types_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Written back (model_dir/params.yaml) with its type's keys only, as it is read."""
-        required, optional = _LEVEL_KEYS[self.type]
-        return {k: v for k, v in handler(self).items() if k in ("type", *required, *optional)}
+
+LEVEL_TYPES: dict[str, type[LevelScheduleParams]] = {
+    "linear": LinearLevel,
+    "exp": ExpLevel,
+    "power": PowerLevel,
+    "cosine": CosineLevel,
+}
+
+
+def _type_tag(v: Any) -> str:
+    kind = v.type if isinstance(v, LevelScheduleParams) else str(v.get("type", "")).lower()
+    return kind if kind in LEVEL_TYPES else "refused"
+
+
+AnyLevelSchedule = Annotated[
+    Annotated[LinearLevel, Tag("linear")]
+    | Annotated[ExpLevel, Tag("exp")]
+    | Annotated[PowerLevel, Tag("power")]
+    | Annotated[CosineLevel, Tag("cosine")]
+    | Annotated[_RefusedLevel, Tag("refused")],
+    Discriminator(_type_tag),
+]
 
 
 class UpdateParams(Section):
@@ -108,13 +154,13 @@ def _tag(v: Any) -> str:
 
 
 # the tags never reach a user: load.py leaves them out of key paths (LEVEL_TAGS)
-LEVEL_TAGS = ("level", "schedule", "per_glob")
+LEVEL_TAGS = ("level", "schedule", "per_glob", "refused", *LEVEL_TYPES)
 Level = Annotated[
-    Annotated[float, Tag("level")] | Annotated[LevelScheduleParams, Tag("schedule")], Discriminator(_tag)
+    Annotated[float, Tag("level")] | Annotated[AnyLevelSchedule, Tag("schedule")], Discriminator(_tag)
 ]
 Levels = Annotated[
     Annotated[float, Tag("level")]
-    | Annotated[LevelScheduleParams, Tag("schedule")]
+    | Annotated[AnyLevelSchedule, Tag("schedule")]
     | Annotated[dict[str, Level], Tag("per_glob")],
     Discriminator(_tag),
 ]
