@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from tests.integration.test_sparsity_appliance import SPARSE_GPT2
-from weightstream.numerics.sparsity_schedule import LevelSchedule, UpdateSchedule
+from weightstream.numerics.sparsity_schedule import LEVEL_KINDS, LevelSchedule, UpdateSchedule
 from weightstream.params import ParamsError, dump_params, load_params, model_def
 from weightstream.params.sparsity import model_density, sparsity_specs
+from weightstream.params.sparsity_schema import LEVEL_TYPES
 
 torch = pytest.importorskip(
     "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
@@ -308,3 +309,7 @@ def test_a_gmp_run_that_ends_before_its_first_update_is_dense(tmp_path: Path) ->
         _write(tmp_path, {"algorithm": "gmp", "sparsity": LINEAR, "update": {"freq": 5, "start": 20}})
     )
     assert model_density(p, model_def(p)) == 1.0
+
+
+def test_the_schema_and_the_numerics_know_the_same_level_types() -> None:
+    assert set(LEVEL_TYPES) == set(LEVEL_KINDS)

@@ -180,6 +180,7 @@ def test_update_steps_are_freq_and_list_schedules(u: UpdateSchedule) -> None:
     for max_steps in range(201):
         due = [s for s in range(max_steps + 1) if ours[s]]
         assert u.last_update(max_steps) == (due[-1] if due else None), max_steps
+        assert u.update_steps(max_steps).tolist() == due, max_steps  # what validation checks the levels at
 
 
 def _brute_largest(w: np.ndarray, kept: int) -> list[int]:
