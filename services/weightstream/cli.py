@@ -103,7 +103,7 @@ def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: Checkpo
 @app.command()
 def example(
     name: Annotated[
-        str, typer.Argument(help="gpt2_synthetic, llama_tiny or fc_mlp_digits")
+        str, typer.Argument(help="gpt2_synthetic, gpt2_sparse, llama_tiny or fc_mlp_digits")
     ] = "gpt2_synthetic",
 ) -> None:
     """Print a shipped example params file (redirect it to a file to start from it)."""
