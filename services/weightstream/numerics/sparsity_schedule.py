@@ -128,6 +128,14 @@ def gmp_kept(numel: int, level: np.float32) -> int:
 
 def largest_positions(weight: np.ndarray, kept: int) -> np.ndarray:
     """The flat positions of the ``kept`` entries of largest magnitude, ascending (ties: the lower position
-    wins). Pruned entries are zero, so they come last."""
-    order = np.argsort(-np.abs(weight.reshape(-1)), kind="stable")[:kept]
-    return np.sort(order.astype(np.int64))
+    wins). Pruned entries are zero, so they come last. A partition, not a sort: O(entries), as gmp makes
+    every sparse weight's mask again at each update step."""
+    mag = np.abs(weight.reshape(-1))
+    if kept >= mag.size:
+        return np.arange(mag.size, dtype=np.int64)
+    if kept <= 0:
+        return np.empty(0, dtype=np.int64)
+    threshold = np.partition(mag, mag.size - kept)[mag.size - kept]  # the kept-th largest magnitude
+    above = np.flatnonzero(mag > threshold)
+    ties = np.flatnonzero(mag == threshold)[: kept - len(above)]  # the lowest positions of the tie
+    return np.sort(np.concatenate([above, ties])).astype(np.int64)
