@@ -181,6 +181,11 @@ def test_update_steps_are_freq_and_list_schedules(u: UpdateSchedule) -> None:
         due = [s for s in range(max_steps + 1) if ours[s]]
         assert u.last_update(max_steps) == (due[-1] if due else None), max_steps
         assert u.update_steps(max_steps).tolist() == due, max_steps  # what validation checks the levels at
+        for first in (1, 7, 50):  # in chunks, as validation goes through a long run
+            assert u.update_steps(max_steps, first).tolist() == [s for s in due if s >= first], (
+                max_steps,
+                first,
+            )
 
 
 def _brute_largest(w: np.ndarray, kept: int) -> list[int]:

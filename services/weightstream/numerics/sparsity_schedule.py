@@ -102,12 +102,13 @@ class UpdateSchedule:
         due = (step - self.start) % self.freq == 0 and step >= self.start
         return due and (self.stop is None or step < self.stop)
 
-    def update_steps(self, max_steps: int) -> np.ndarray:
-        """Every update step in [0, max_steps], ascending (int64)."""
+    def update_steps(self, max_steps: int, first: int = 0) -> np.ndarray:
+        """Every update step in [first, max_steps], ascending (int64)."""
         if self.steps is not None:
-            return np.array(sorted({s for s in self.steps if 0 <= s <= max_steps}), dtype=np.int64)
+            return np.array(sorted({s for s in self.steps if first <= s <= max_steps}), dtype=np.int64)
         end = max_steps + 1 if self.stop is None else min(max_steps + 1, self.stop)
-        return np.arange(self.start, max(end, self.start), self.freq, dtype=np.int64)
+        lo = self.start + max(0, -(-(first - self.start) // self.freq)) * self.freq  # the first due >= first
+        return np.arange(lo, max(end, lo), self.freq, dtype=np.int64)
 
     def last_update(self, max_steps: int) -> int | None:
         """The last update step in [0, max_steps], or None if there is none."""

@@ -173,8 +173,10 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
 def _nan_step(schedule: LevelSchedule | None, update: UpdateSchedule | None, max_steps: int) -> str | None:
     """Why a level schedule cannot run (a NaN at one of the run's update steps), found before it starts."""
     assert schedule is not None and update is not None
+    chunk = 1 << 20  # steps at a time: a run of 10^9 steps is checked in bounded memory
     try:
-        schedule.levels(update.update_steps(max_steps))
+        for first in range(0, max_steps + 1, chunk):
+            schedule.levels(update.update_steps(min(first + chunk - 1, max_steps), first))
     except ValueError as e:
         return str(e)
     return None
