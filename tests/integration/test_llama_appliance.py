@@ -135,14 +135,33 @@ def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> N
             assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}, num_csx={n}")
 
 
-def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(tmp_path: Path) -> None:
-    """90% sparse (balanced-topk) q/k/v/o/gate/up/down on two workers: the reference's loss curve, pruned
-    weights zero in the checkpoint, and LlamaForCausalLM computes weightstream's eval loss from it."""
+# gmp: 0.5 at the start, rising towards 0.9 (0.897 at the last update, step 10), masks made every 2 steps
+GMP = {
+    "algorithm": "gmp",
+    "init_method": "balanced-topk",
+    "sparsity": {"type": "exp", "init": 0.5, "gamma": -0.5, "final": 0.9},
+    "update": {"freq": 2},
+}
+
+
+@pytest.mark.parametrize(
+    "sparsity",
+    [
+        pytest.param({"sparsity": 0.9, "init_method": "balanced-topk"}, id="static"),
+        pytest.param(GMP, id="gmp"),
+    ],
+)
+def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(
+    tmp_path: Path, sparsity: dict[str, Any]
+) -> None:
+    """90% sparse (balanced-topk) q/k/v/o/gate/up/down on two workers, or pruned to it by gmp: the
+    reference's loss curve and masks, pruned weights zero in the checkpoint, and LlamaForCausalLM computes
+    weightstream's eval loss from it."""
     pytest.importorskip("torch", reason="pip install -e .[test]")
     pytest.importorskip("transformers", reason="pip install -e .[test]")
     params_path = _llama(tmp_path, max_steps=10)
     raw = yaml.safe_load(params_path.read_text())
-    raw["sparsity"] = {"sparsity": 0.9, "init_method": "balanced-topk"}
+    raw["sparsity"] = sparsity
     params_path.write_text(yaml.safe_dump(raw))
     r = run(params_path, tmp_path / "m", "--num_csx", "2")
     assert r.returncode == 0, r.stderr
@@ -158,7 +177,11 @@ def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(tmp_path: P
     assert len(masks) == 2 * 7  # q, k, v, o, gate, up, down of both layers
     for n, mask in masks.items():
         assert not weights[n][~mask].any(), n
-        assert (mask.sum(axis=1) == mask[0].sum()).all(), n  # balanced: every row keeps as many
+        assert np.array_equal(mask, trainer.masks[n] > 0), n  # the reference's masks, exactly
+        if "algorithm" not in sparsity:  # balanced: every row keeps as many (gmp's updates rank globally)
+            assert (mask.sum(axis=1) == mask[0].sum()).all(), n
+        else:  # the level at step 10: 0.9 - 0.4 exp(-5) = 0.8973
+            assert 0.1 < mask.mean() < 0.105, n
     assert trainer.eval_data is not None
     hf = transformers_loss(ckpt, [trainer.eval_data.global_batch(b) for b in range(4)])
     assert_allclose(hf, evals[10], rtol=1e-4)
