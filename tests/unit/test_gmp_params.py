@@ -175,6 +175,12 @@ REFUSED = [
         "sparsity.schedule.beta",
         "allowed here: init, slope, type",
     ),
+    (  # every size has a bound
+        "too many listed steps",
+        {"algorithm": "gmp", "sparsity": LINEAR, "update": {"steps": list(range(100_001))}},
+        "sparsity.update.steps",
+        "at most 100000 items",
+    ),
     (  # found when the file is read, not at step 2 of the run: 0 * inf
         "a NaN level",
         {"algorithm": "gmp", "sparsity": {"type": "power", "init": 0.0, "beta": 1e30}},

@@ -17,6 +17,7 @@ steps measured), so a kept count can differ from a Cerebras run's by one entry, 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -95,10 +96,13 @@ class UpdateSchedule:
     def __post_init__(self) -> None:
         if self.freq < 1:
             raise ValueError(f"update freq must be at least 1 (got {self.freq})")
+        if self.steps is not None:  # sorted, once: is_update bisects (a file may list many steps)
+            object.__setattr__(self, "steps", tuple(sorted(set(self.steps))))
 
     def is_update(self, step: int) -> bool:
         if self.steps is not None:
-            return step in self.steps
+            i = bisect.bisect_left(self.steps, step)
+            return i < len(self.steps) and self.steps[i] == step
         due = (step - self.start) % self.freq == 0 and step >= self.start
         return due and (self.stop is None or step < self.stop)
 

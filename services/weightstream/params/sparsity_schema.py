@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     Discriminator,
+    Field,
     NonNegativeInt,
     PositiveInt,
     Tag,
@@ -126,6 +127,9 @@ AnyLevelSchedule = Annotated[
 ]
 
 
+MAX_UPDATE_STEPS = 100_000  # listed update steps: more is no schedule anyone writes by hand
+
+
 class UpdateParams(Section):
     """When gmp makes the masks again: every ``freq`` steps from ``start`` until before ``stop``, or at the
     ``steps`` listed. Steps count updates applied (the first update is step 1; 0 is the start)."""
@@ -133,7 +137,7 @@ class UpdateParams(Section):
     freq: PositiveInt | None = None
     start: NonNegativeInt | None = None
     stop: PositiveInt | None = None
-    steps: list[NonNegativeInt] | None = None
+    steps: Annotated[list[NonNegativeInt], Field(max_length=MAX_UPDATE_STEPS)] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> UpdateParams:
