@@ -49,7 +49,8 @@ class SparsitySpec:
     def __post_init__(self) -> None:
         # also refuses NaN; a static mask keeps something, a scheduled level may reach 1
         if not (0.0 <= self.sparsity <= 1.0 if self.dynamic else 0.0 <= self.sparsity < 1.0):
-            raise ValueError(f"sparsity must be in [0, 1) (got {self.sparsity!r})")
+            bounds = "[0, 1]" if self.dynamic else "[0, 1)"
+            raise ValueError(f"sparsity must be in {bounds} (got {self.sparsity!r})")
         if self.init_method not in INIT_METHODS:
             raise ValueError(f"init_method must be one of {INIT_METHODS} (got {self.init_method!r})")
         if (self.schedule is None) != (self.update is None):

@@ -13,11 +13,10 @@ parameters one of our tensors holds (GPT-2's fused q/k/v ``c_attn``): we cannot 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import NamedTuple
-
-import numpy as np
 
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse_masks import SparsitySpec, kept_entries
@@ -157,13 +156,16 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
                 problems.append(Problem(path, "matches no tensor param_filter selects", level))
             for n in hits.tensors:
                 levels.setdefault(n, level)  # the first glob that matches wins
+    dynamic: dict[int, SparsitySpec] = {}  # one spec (and one check) per level schedule the file writes
     for n in model.specs:  # the model's tensor order
         level = levels.get(n)
         if isinstance(level, LevelScheduleParams):
-            spec = specs[n] = _dynamic_spec(level, sp, seed)
-            bad = _nan_step(spec.schedule, spec.update, p.runconfig.max_steps)
-            if bad is not None and all(q.message != bad for q in problems):
-                problems.append(Problem("sparsity.sparsity", bad, level.model_dump()))
+            if id(level) not in dynamic:
+                spec = dynamic[id(level)] = _dynamic_spec(level, sp, seed)
+                bad = _nan_step(spec.schedule, spec.update, p.runconfig.max_steps)
+                if bad is not None:
+                    problems.append(Problem("sparsity.sparsity", bad, level.model_dump()))
+            specs[n] = dynamic[id(level)]
         elif level is not None and level > 0.0:
             specs[n] = SparsitySpec(level, sp.init_method, seed)
     return _Resolved(specs, problems, selection)
@@ -203,7 +205,7 @@ def final_kept(shape: tuple[int, ...], spec: SparsitySpec, max_steps: int) -> in
     last = spec.update.last_update(max_steps) if spec.update is not None else None
     if last is None or last == 0:
         return kept_entries(shape, spec)
-    return spec.kept_at(int(np.prod(shape)), last)
+    return spec.kept_at(math.prod(shape), last)
 
 
 def model_density(p: Params, model: ModelDef) -> float:

@@ -97,8 +97,7 @@ class ReferenceTrainer:
                 weight_decay=self.opt.weight_decay_for(name),
             )
             if name in self.masks:
-                for buf in (self.weights[name], *self.state[name].values()):
-                    buf *= self.masks[name]
+                self._prune(name)
         self.step += 1
         for name, spec in self.sparsity.items():  # gmp: the largest weights, as many as the level keeps
             if spec.due(self.step):
@@ -111,6 +110,10 @@ class ReferenceTrainer:
         mask = np.zeros(self.model.specs[name].numel, dtype=np.float32)
         mask[positions] = 1.0
         self.masks[name] = mask.reshape(self.model.specs[name].shape)
+        self._prune(name)
+
+    def _prune(self, name: str) -> None:
+        """Zero tensor ``name``'s weight and optimizer state where its mask prunes."""
         for buf in (self.weights[name], *self.state[name].values()):
             buf *= self.masks[name]
 
