@@ -17,8 +17,19 @@ from collections.abc import Callable
 
 import numpy as np
 
+try:  # before weightstream computes anything: see below
+    import torch
+except ImportError:  # the numpy side still runs: pip install torch==2.13.0 for the comparison
+    torch = None
+
 from weightstream.numerics import GPT2Config, build_gpt2, init_params
-from weightstream.numerics._blocked import THREADS
+from weightstream.numerics._blocked import THREADS, matmul
+from weightstream.numerics._gemm import engine
+
+# Why torch is imported first: PyTorch links its own MKL and exports its symbols, and the MKL the workers
+# load (numerics/_gemm.py) runs sequential. Loaded first, that MKL's symbols would serve PyTorch's calls
+# too and PyTorch would compute on one thread, an unfair peer. Loaded after, each computes as in its own
+# process (the workers' products are bitwise the same with or without torch in the process).
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
 
 
@@ -32,12 +43,15 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def matmul_peak(repeats: int, n: int = 2048) -> float:
+def matmul_peak(repeats: int, workers: bool, n: int = 2048) -> float:
+    """GFLOP/s of an n x n x n float32 product: as the workers compute it (``_blocked.matmul``: our
+    threads, the engine of numerics/_gemm.py) or with numpy's own ``np.matmul`` (its BLAS's threads)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     c = np.empty_like(a)
-    return 2 * n**3 / best_time(lambda: np.matmul(a, b, out=c), repeats) / 1e9
+    fn = (lambda: matmul(a, b, out=c)) if workers else (lambda: np.matmul(a, b, out=c))
+    return 2 * n**3 / best_time(fn, repeats) / 1e9
 
 
 def block_flops(b: int, t: int, c: int, f: int) -> float:
@@ -132,7 +146,7 @@ def main() -> None:
         n_head=a.heads,
         n_inner=4 * a.hidden,
     )
-    peak = matmul_peak(a.repeats)
+    peak = matmul_peak(a.repeats, workers=True)
     units = {}
     for name, index, flops in (
         ("embedding", 0, 0.0),
@@ -150,17 +164,17 @@ def main() -> None:
         "config": vars(a),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
         "numpy_threads": THREADS,
-        "numpy_matmul_peak_gflops": round(peak, 1),
+        "gemm_engine": engine(),  # what computes the workers' products (numerics/_gemm.py)
+        "workers_matmul_peak_gflops": round(peak, 1),  # the fractions below are of this one
+        "numpy_matmul_peak_gflops": round(matmul_peak(a.repeats, workers=False), 1),  # numpy's own BLAS
         "units": units,
     }
     tb = torch_block(cfg, a.batch, a.seq)
-    if tb is not None:
-        import torch
-
+    if tb is not None and torch is not None:
         ts = best_time(tb, a.repeats)
         result["torch_block_fwd_bwd_s"] = round(ts, 5)
         result["torch_threads"] = torch.get_num_threads()
-        # torch's BLAS (MKL) against numpy's (OpenBLAS) on the same product: the block is ~80% products
+        # torch's BLAS (MKL, its own threads) on the same product: the block is ~80% products
         n = 2048
         ma, mb, mc = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
         result["torch_matmul_peak_gflops"] = round(

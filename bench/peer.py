@@ -50,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from weightstream.data import make_data_processor
 from weightstream.numerics import init_params
+from weightstream.numerics._gemm import engine
 from weightstream.numerics.optim import is_bias_or_norm
 from weightstream.params import load_params, model_def
 from weightstream.params.schema import GPT2ModelParams
@@ -340,6 +341,7 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
+        "gemm_engine": engine(),  # the workers' products (numerics/_gemm.py); torch was imported first
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],  # others' load on the shared cores
     }
     tokens = a.batch * a.seq

@@ -29,6 +29,7 @@ import yaml
 
 from weightstream.backends.base import RoleSpec
 from weightstream.backends.local import LocalProcessBackend
+from weightstream.numerics._gemm import engine
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -202,6 +203,7 @@ def main() -> None:
             {
                 "bench": "streaming",
                 "config": vars(a),
+                "gemm_engine": engine(),  # the products' engine, the same on both sides (numerics/_gemm.py)
                 "reference_step_s": round(ref, 4),
                 "appliance_step_s_num_csx_1": round(one, 4),
                 "streaming_overhead_ratio": round(one / ref, 3),

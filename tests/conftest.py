@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
+
+# PyTorch (the tests' reference) before anything computes a product: it exports the symbols of the MKL it
+# links, and imported after the workers' sequential MKL has loaded (numerics/_gemm.py) it would bind to
+# that one and run on one thread, slowing every torch reference computed afterwards.
+with contextlib.suppress(ImportError):
+    import torch  # noqa: F401
 
 
 @pytest.fixture

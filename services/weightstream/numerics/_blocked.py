@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from weightstream.numerics._gemm import gemm
+
 __all__ = ["THREADS", "for_row_blocks", "matmul", "rows2", "run_tasks", "single_threaded_blas", "sum_rows"]
 
 THREADS = max(1, min(int(os.environ.get("WEIGHTSTREAM_NUM_THREADS", os.cpu_count() or 1)), 16))
@@ -140,11 +142,13 @@ def matmul(
 
     def part(s: slice) -> None:
         if along_rows:
-            o = np.matmul(a[s], b, out=out[s])
+            o = out[s]
+            gemm(a[s], b, o)
             if bias is not None:
                 o += bias[s] if row_bias else bias
         else:
-            o = np.matmul(a, b[:, s], out=out[:, s])
+            o = out[:, s]
+            gemm(a, b[:, s], o)
             if bias is not None:
                 o += bias if row_bias else bias[s]
 

@@ -1,0 +1,155 @@
+"""The engine of the workers' matrix products: Intel MKL's sgemm on numpy's arrays, or numpy's own BLAS.
+
+Why MKL: about 80% of a GPT-2 block's time is its twelve products, and on the Xeon (AVX-512) these
+benchmarks run on, MKL's single-threaded sgemm is ~9% faster than the OpenBLAS numpy ships (the block's
+products: 109 against 118-120 ms, two threads each computing one half, measured side by side). PyTorch
+computes its products with MKL too, so with OpenBLAS the kernels could not match it whatever the rest of
+the block cost (``bench/kernels.py`` prints both engines' peaks). numpy stays the compute engine: the
+arrays, the elementwise work and the attention's small stacked products are numpy's; only the call that
+fills ``out`` with ``a @ b`` goes to MKL, through ctypes, on the same buffers (no copy either way).
+
+Which engine: MKL where the ``mkl`` wheel is installed (a core dependency on Linux x86-64, the platform
+it is built for), numpy's BLAS elsewhere. ``WEIGHTSTREAM_GEMM=numpy`` forces numpy's (to compare, or
+where MKL misbehaves); ``WEIGHTSTREAM_GEMM=mkl`` makes a missing MKL an error instead of a fallback. The
+choice is made once per process from the environment, never from timings, and ``engine()`` names it: the
+roles log it at start, so a run's speed never changes without saying why.
+
+Determinism: MKL runs sequential (our threads split the products, see ``_blocked``) and in Conditional
+Numerical Reproducibility mode AUTO, so a product's bits do not depend on its operands' alignment (which
+follows malloc from run to run) and reruns are bitwise equal. MKL and OpenBLAS round differently, so
+all processes of a job must use the same engine: they inherit one environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import threading
+
+import numpy as np
+
+__all__ = ["engine", "gemm"]
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS_LAYOUT / CBLAS_TRANSPOSE
+_THREADING_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL (mkl_service.h)
+_CBWR_AUTO = 2  # MKL_CBWR_AUTO (mkl_types.h): reproducible on this CPU, whatever the alignment
+_INT_MAX = 2**31 - 1  # MKL's LP64 interface: 32-bit sizes and strides
+_F32 = np.dtype(np.float32)
+
+_lock = threading.Lock()
+_loaded: tuple[str, ctypes._CFuncPtr | None] | None = None  # (engine name, cblas_sgemm or None)
+
+
+class GemmEngineError(RuntimeError):
+    pass
+
+
+def _mkl_library() -> str | None:
+    """The path of ``libmkl_rt`` from the installed ``mkl`` wheel, or None without one."""
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name.startswith("libmkl_rt.so"):
+            return str(f.locate())
+    return None
+
+
+def _load_mkl(path: str) -> tuple[str, ctypes._CFuncPtr]:
+    lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+    # Both settings must come before MKL computes anything in this process.
+    lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+    lib.MKL_Set_Threading_Layer(_THREADING_SEQUENTIAL)
+    lib.MKL_CBWR_Set.argtypes = [ctypes.c_int]
+    if lib.MKL_CBWR_Set(_CBWR_AUTO) != 0:
+        raise GemmEngineError(f"MKL ({path}) refused numerical reproducibility mode AUTO")
+    version = ctypes.create_string_buffer(256)
+    lib.MKL_Get_Version_String(version, len(version))
+    sgemm = lib.cblas_sgemm
+    sgemm.restype = None
+    i, p = ctypes.c_int, ctypes.c_void_p
+    # layout, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
+    sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, p, i, ctypes.c_float, p, i]
+    name = version.value.decode(errors="replace").split(" for ")[0].replace("Intel(R) oneAPI ", "")
+    return f"mkl ({name})", sgemm
+
+
+def _numpy_blas() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    except Exception:  # a report, never a reason to fail
+        infos = []
+    if not infos:
+        return "numpy"
+    return f"numpy ({infos[0].get('internal_api', 'blas')} {infos[0].get('version', '')})".replace(" )", ")")
+
+
+def _load() -> tuple[str, ctypes._CFuncPtr | None]:
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            want = os.environ.get("WEIGHTSTREAM_GEMM", "").strip().lower()
+            if want not in ("", "mkl", "numpy"):
+                raise GemmEngineError(f"WEIGHTSTREAM_GEMM must be 'mkl' or 'numpy' (got {want!r})")
+            path = None if want == "numpy" else _mkl_library()
+            if path is not None:
+                _loaded = _load_mkl(path)
+            elif want == "mkl":
+                raise GemmEngineError(
+                    "WEIGHTSTREAM_GEMM=mkl but the mkl package is not installed (pip install mkl)"
+                )
+            else:
+                _loaded = (_numpy_blas(), None)
+        return _loaded
+
+
+def engine() -> str:
+    """What computes the products in this process: ``mkl (...)`` or ``numpy (openblas ...)``."""
+    return _load()[0]
+
+
+def _operand(x: np.ndarray) -> tuple[int, int] | None:
+    """(CBLAS transpose flag, leading dimension) of a float32 2-D view as MKL reads it in row-major
+    order, or None when MKL cannot read it in place (numpy then computes the product)."""
+    rows, cols = x.shape
+    s0, s1 = x.strides
+    if s1 == _F32.itemsize and s0 % _F32.itemsize == 0 and cols <= s0 // _F32.itemsize <= _INT_MAX:
+        return _NO_TRANS, s0 // _F32.itemsize  # rows of a row-major matrix
+    if s0 == _F32.itemsize and s1 % _F32.itemsize == 0 and rows <= s1 // _F32.itemsize <= _INT_MAX:
+        return _TRANS, s1 // _F32.itemsize  # the transpose of a row-major matrix (a ``.T`` view)
+    return None
+
+
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = a @ b`` for 2-D ``a`` [M, K], ``b`` [K, N], ``out`` [M, N] (views allowed), on this
+    process's engine. Which code computes a given product depends on its shapes and layouts only."""
+    sgemm = _load()[1]
+    m, k = a.shape
+    n = b.shape[1]
+    flags = None
+    if (
+        sgemm is not None
+        and a.dtype == _F32
+        and b.dtype == _F32
+        and out.dtype == _F32
+        and min(m, n, k) > 1  # a vector's strides do not say its layout: numpy's GEMV handles those
+        and max(m, n, k) <= _INT_MAX
+        and out.strides[1] == _F32.itemsize
+        and n <= out.strides[0] // _F32.itemsize <= _INT_MAX
+        and out.strides[0] % _F32.itemsize == 0
+        and not np.may_share_memory(out, a)
+        and not np.may_share_memory(out, b)
+    ):
+        fa, fb = _operand(a), _operand(b)
+        if fa is not None and fb is not None:
+            flags = fa, fb
+    if flags is None:
+        np.matmul(a, b, out=out)
+        return
+    (ta, lda), (tb, ldb) = flags
+    ldc = out.strides[0] // _F32.itemsize
+    sgemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, out.ctypes.data, ldc)

@@ -1,0 +1,173 @@
+"""The workers' matrix-product engine (numerics/_gemm.py): MKL where installed, numpy's BLAS otherwise."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from weightstream.numerics import _gemm
+from weightstream.numerics._blocked import matmul
+from weightstream.numerics._gemm import engine, gemm
+
+ON_MKL_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+@pytest.mark.skipif(not ON_MKL_PLATFORM, reason="the mkl dependency is for Linux x86-64 only")
+def test_mkl_computes_the_products_where_it_is_a_dependency() -> None:
+    """pyproject makes mkl a core dependency here: if it is installed but not found or not loaded, the
+    workers would silently fall back to the slower BLAS."""
+    if os.environ.get("WEIGHTSTREAM_GEMM") == "numpy":
+        pytest.skip("WEIGHTSTREAM_GEMM=numpy set for this run")
+    assert engine().startswith("mkl (Math Kernel Library"), engine()
+    assert _gemm._load()[1] is not None
+
+
+def _views(rng: np.random.Generator, m: int, k: int, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Operands in every layout the workers pass: plain, transposed views, slices with a leading
+    dimension larger than the width, and starts off any alignment."""
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    wide_a = rng.standard_normal((m + 3, k + 5), dtype=np.float32)
+    wide_a[1 : m + 1, 2 : k + 2] = a
+    return [
+        ("NN", a, b),
+        ("TN", np.ascontiguousarray(a.T).T, b),
+        ("NT", a, np.ascontiguousarray(b.T).T),
+        ("TT", np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T),
+        ("slices", wide_a[1 : m + 1, 2 : k + 2], b),
+        ("columns", a, np.ascontiguousarray(np.concatenate([b, b], axis=1))[:, n // 2 : n // 2 + n]),
+    ]
+
+
+@pytest.mark.parametrize("shape", [(64, 48, 80), (257, 131, 67), (2, 3, 2)])
+def test_every_layout_computes_the_product(shape: tuple[int, int, int]) -> None:
+    rng = np.random.default_rng(0)
+    m, k, n = shape
+    for name, a, b in _views(rng, m, k, n):
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        out = np.full((m, n), np.nan, dtype=np.float32)
+        gemm(a, b, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=name)
+        # into a column slice of a wider output (``_blocked.matmul``'s column parts)
+        wide = np.full((m, n + 7), np.nan, dtype=np.float32)
+        gemm(a, b, wide[:, 3 : n + 3])
+        np.testing.assert_allclose(wide[:, 3 : n + 3], want, rtol=1e-4, atol=1e-4, err_msg=name)
+        assert np.isnan(wide[:, :3]).all() and np.isnan(wide[:, n + 3 :]).all(), "wrote outside its columns"
+
+
+def test_what_mkl_cannot_read_in_place_goes_to_numpy() -> None:
+    """Vectors, float64 and an output overlapping an input: numpy computes them, correctly."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((5, 4), dtype=np.float32)
+    for x, y in [(a[:1], a.T), (a, a.T[:, :1]), (a.astype(np.float64), a.T.astype(np.float64))]:
+        out = np.empty((x.shape[0], y.shape[1]), dtype=x.dtype)
+        gemm(x, y, out)
+        np.testing.assert_allclose(out, x @ y, rtol=1e-5)
+    sq = rng.standard_normal((600, 600), dtype=np.float32)  # larger than MKL packs in one piece
+    want = sq @ sq
+    gemm(sq, sq.copy(), sq)  # out is the first operand
+    np.testing.assert_allclose(sq, want, rtol=1e-4, atol=1e-3)
+
+
+def _digest_script(prelude: str) -> str:
+    return f"""
+{prelude}
+import hashlib
+import numpy as np
+from weightstream.numerics._blocked import matmul
+from weightstream.numerics._gemm import engine
+rng = np.random.default_rng(0)
+h = hashlib.sha256()
+a = rng.standard_normal((517, 300), dtype=np.float32)
+b = rng.standard_normal((300, 333), dtype=np.float32)
+for off in range(8):  # the same values from starts of every alignment
+    buf = np.empty(a.size + 8, np.float32)[off : off + a.size].reshape(a.shape)
+    buf[...] = a
+    h.update(matmul(buf, b).tobytes())
+    h.update(matmul(b.T, buf.T).tobytes())
+print(engine(), h.hexdigest())
+"""
+
+
+def _run(script: str, **env: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    return out.stdout.strip()
+
+
+def test_products_are_bitwise_the_same_across_processes_alignments_and_a_torch_in_the_process() -> None:
+    """Reruns are bitwise equal only if a product's bits depend on its values alone: not on where malloc
+    put the operands, and not on whether PyTorch (which carries its own MKL) was imported first."""
+    script = _digest_script("")
+    first = _run(script)
+    assert _run(script) == first
+    pytest.importorskip("torch")
+    assert _run(_digest_script("import torch")) == first
+
+
+def test_same_alignment_gives_same_bits_in_process() -> None:
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((300, 200), dtype=np.float32)
+    b = rng.standard_normal((200, 150), dtype=np.float32)
+    digests = set()
+    for off in range(16):
+        buf = np.empty(a.size + 16, np.float32)[off : off + a.size].reshape(a.shape)
+        buf[...] = a
+        digests.add(hashlib.sha256(matmul(buf, b).tobytes()).hexdigest())
+    assert len(digests) == 1
+
+
+def test_numpy_can_be_forced_and_then_computes_exactly_as_np_matmul() -> None:
+    script = """
+import numpy as np
+from weightstream.numerics._gemm import engine, gemm
+rng = np.random.default_rng(0)
+a = rng.standard_normal((100, 70), dtype=np.float32)
+b = rng.standard_normal((70, 90), dtype=np.float32)
+out = np.empty((100, 90), np.float32)
+gemm(a, b, out)
+print(engine().split()[0], bool((out == np.matmul(a, b)).all()))
+"""
+    assert _run(script, WEIGHTSTREAM_GEMM="numpy") == "numpy True"
+
+
+def test_a_bad_engine_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_gemm, "_loaded", None)
+    monkeypatch.setenv("WEIGHTSTREAM_GEMM", "cublas")
+    with pytest.raises(_gemm.GemmEngineError, match="WEIGHTSTREAM_GEMM must be 'mkl' or 'numpy'"):
+        engine()
+    monkeypatch.setenv("WEIGHTSTREAM_GEMM", "mkl")
+    monkeypatch.setattr(_gemm, "_mkl_library", lambda: None)
+    with pytest.raises(_gemm.GemmEngineError, match="mkl package is not installed"):
+        engine()
+    monkeypatch.setenv("WEIGHTSTREAM_GEMM", "")
+    assert engine().startswith("numpy")  # no mkl: numpy's BLAS, named
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(matmul(a, a.T), a @ a.T)
+
+
+def test_the_workers_products_run_on_the_engine() -> None:
+    """``_blocked.matmul`` (every product of the workers' units) computes each of its parts with
+    ``gemm``: bitwise what the engine gives for the same part, whichever engine that is."""
+    rng = np.random.default_rng(3)
+    # K = 1000: long enough that MKL and OpenBLAS sum in different orders (up to 768 they agree here)
+    a = rng.standard_normal((512, 1000), dtype=np.float32)
+    b = rng.standard_normal((1000, 200), dtype=np.float32)
+    want = np.empty((512, 200), dtype=np.float32)
+    gemm(a[:256], b, want[:256])  # the two row parts _blocked.matmul makes of this shape
+    gemm(a[256:], b, want[256:])
+    np.testing.assert_array_equal(matmul(a, b), want)
+    if engine().startswith("mkl"):  # and MKL's bits are not numpy's here: the test can tell them apart
+        assert not np.array_equal(want, np.matmul(a, b))
