@@ -27,7 +27,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     tensors_out_client,
 )
-from weightstream.transport.shm import SharedArena
+from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -45,9 +45,14 @@ class MemoryXUpstream:
         token: str,
         generation: int,
         arena: SharedArena | None = None,
+        kept_bytes: int = 0,
     ) -> None:
+        """``kept_bytes``: gradient memfds to keep from step to step on the shared-memory plane, for the
+        sums this root sends MemoryX (``KEPT_GRADIENT_BYTES``; a single child's gradients go up by
+        reference and need none)."""
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.addresses, self.arena = addresses, arena
+        self.kept = KeptScratch(arena, kept_bytes) if arena is not None and kept_bytes else None
         channels = [open_channel(a, token, generation) for a in addresses]
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
@@ -93,6 +98,8 @@ class MemoryXUpstream:
                 bf16=self.bf16,
                 arena=self.arena,
                 timeout=self.timeout_s,
+                kept=self.kept,
+                kept_key=(unit, shard),  # the shards' pushes of one unit run at once
             )
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
@@ -173,8 +180,9 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             job.credential,
             job.generation,
             arena,
+            KEPT_GRADIENT_BYTES[params.runconfig.memoryx_storage],
         )
-    else:
+    else:  # its parent sums what it receives into memory of its own: kept memfds would be extra memory
         upstream = ParentUpstream(
             job.addresses["swarmx"][node.parent],
             plan.child_slot("swarmx", job.index),

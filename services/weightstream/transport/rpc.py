@@ -13,7 +13,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
-from weightstream.transport.shm import SharedArena, scratch
+from weightstream.transport.shm import KeptScratch, SharedArena, scratch
 from weightstream.transport.tensors import NamedTensor, read_messages, tensor_messages
 
 __all__ = [
@@ -102,11 +102,17 @@ def push_tensors(
     bf16: bool,
     arena: SharedArena | None,
     timeout: float,
+    kept: KeptScratch | None = None,
+    kept_key: object = None,
 ) -> None:
     """Push ``tensors`` as one stream opening with ``head`` (gradients to SwarmX or MemoryX). With
     ``arena`` (the shared-memory plane) only the header travels; what had to be copied into memfds for it
-    is closed once the call has returned, when the receiver has mapped it."""
-    with scratch(arena) as shm:
+    is closed once the call has returned, when the receiver has mapped it. With ``kept`` (on that plane)
+    the copy goes into the buffer ``kept`` keeps for ``kept_key`` (default: ``head.unit``) instead (see
+    ``KeptScratch``)."""
+    key = head.unit if kept_key is None else kept_key
+    lease = kept.lease(key) if kept is not None and arena is not None else scratch(arena)
+    with lease as shm:
         call(peer, "PushGradients", fn, tensor_messages(tensors, head, bf16, shm=shm), timeout=timeout)
 
 

@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 
 from weightstream.numerics import ModelDef
+from weightstream.numerics._gemm import engine as gemm_engine
 from weightstream.params import Params, load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -24,7 +25,7 @@ from weightstream.transport.rpc import (
     tensors_in_client,
     tensors_out_client,
 )
-from weightstream.transport.shm import SharedArena
+from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
 from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
@@ -49,12 +50,16 @@ class SwarmParent:
         generation: int,
         shm_tag: str | None = None,
         assemble: Callable[[Tensors], Tensors] | None = None,
+        kept_bytes: int = 0,
     ) -> None:
         """``shm_tag``: the job's memfd tag on the shared-memory plane: weights are mapped from MemoryX and
         gradients leave in memfds (transport/shm.py). ``assemble``: turns what arrives into what the
-        units take (sparse weights: ``SparseAssembler``)."""
+        units take (sparse weights: ``SparseAssembler``). ``kept_bytes``: how many bytes of gradient memfds
+        to keep from step to step on that plane (``KEPT_GRADIENT_BYTES``)."""
         self.shm_tag, self.assemble = shm_tag, assemble
         self.arena = SharedArena(shm_tag) if shm_tag is not None else None
+        # each unit's gradients go into a memfd kept from step to step (transport/shm.py's KeptScratch)
+        self.kept = KeptScratch(self.arena, kept_bytes) if self.arena is not None and kept_bytes else None
         channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
@@ -86,6 +91,7 @@ class SwarmParent:
             bf16=self.bf16,
             arena=self.arena,
             timeout=self.timeout_s,
+            kept=self.kept,
         )
 
 
@@ -122,11 +128,15 @@ def build(job: JobSpec) -> WorkerEngine:
         job.generation,
         shm_tag(job),
         SparseAssembler(model) if params.sparsity is not None else None,
+        # a memory budget bounds what the worker holds: kept gradient memfds would stay outside it
+        KEPT_GRADIENT_BYTES[rc.memoryx_storage] if rc.worker_memory_mb is None else 0,
     )
     address, name = job.addresses["activation"][act], f"activation-{act}"
     batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)
     budget = rc.worker_memory_mb * (1 << 20) if rc.worker_memory_mb else None
     micro, pipelined = plan_memory(params, model, plan.num_csx, budget)
+    # loads the engine now: a bad WEIGHTSTREAM_GEMM fails the configuration, not the first step
+    log.info("worker %d: matrix products on %s", job.index, gemm_engine())
     return WorkerEngine(
         model, job.index, plan.num_csx, units, batches, budget, micro, pipelined, seed=rc.seed
     )
