@@ -1,7 +1,9 @@
 """One MemoryX shard: the fp32 master weights and optimizer state of the units assigned to it.
 
 Step protocol (the coordinator drives it, each call with a deadline):
-  tensors(step)           weights after ``step`` updates (waits if the update is still being applied)
+  tensors(step)           weights after ``step`` updates (waits until they are: while the update of
+                          ``step - 1`` is being applied, a tensor is served as soon as it is updated, so
+                          the workers' next forward overlaps the rest of the update)
   add_gradient(step, u)   the reduced gradient of unit u for this step (a tied tensor gets one per unit)
   grad_sq_sum(step)       waits until every expected gradient is in, sums them in unit order (so the
                           result is the same whatever order they arrived in), returns the sum of squares
@@ -28,18 +30,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 
-from weightstream.checkpoint_layout import MASKS
+from weightstream.memoryx.shard_checkpoints import ShardCheckpoints
 from weightstream.memoryx.sparse import SparseTensors
-from weightstream.memoryx.storage import (
-    NonFiniteError,
-    TensorSource,
-    iter_tensors,
-    read_step,
-    start_tensors,
-    write_safetensors,
-)
+from weightstream.memoryx.storage import start_tensors
 from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
@@ -54,16 +48,11 @@ __all__ = ["MemoryXShard", "StaleStepError"]
 log = logging.getLogger("weightstream.memoryx")
 
 
-def _read_mask(path: Path, name: str) -> np.ndarray:
-    with safe_open(str(path), framework="numpy") as f:
-        return np.asarray(f.get_tensor(name), dtype=bool)
-
-
 class StaleStepError(ValueError):
     """A call names a step this shard has already moved past (or has not reached)."""
 
 
-class MemoryXShard:
+class MemoryXShard(ShardCheckpoints):
     def __init__(
         self,
         model: ModelDef,
@@ -121,35 +110,15 @@ class MemoryXShard:
         self._sq_sum: float | None = None  # of this step's gradients, once complete
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
+        # While apply_update(step) runs (outside the lock, tensor by tensor): that step, and the tensors
+        # already updated, which tensors(step + 1) may serve before the whole update is done.
+        self._updating: int | None = None
+        self._fresh: set[str] = set()
+        self.served_early = 0  # tensors served that way (for tests and operators)
 
     def _shape(self, name: str) -> tuple[int, ...]:
         """What the store holds of tensor ``name`` (and its gradient): compact if sparse."""
         return self.sparse.compact_shape(name) if name in self.sparse else self.model.specs[name].shape
-
-    def _load(self, resume_dir: str) -> None:
-        masks = self._mask_files(resume_dir)
-        for n, w in iter_tensors(resume_dir, "model", self.names):
-            if n in self.sparse:
-                if n in masks:
-                    self.sparse.load_mask(n, _read_mask(masks[n], n))
-                    w = self.sparse.compact(n, w)
-                else:  # a dense checkpoint made sparse: the mask from its weights (topk prunes them)
-                    w = self.sparse.make(n, w)
-            self.store.put(n, w)
-        keys = [k for n in self.names for k in self.state_keys[n]]
-        for key, v in iter_tensors(resume_dir, "optimizer", keys):
-            n = key.rsplit(".", 1)[0]
-            self.store.put(key, self.sparse.compact(n, v) if n in self.sparse else v)
-        self.step = read_step(resume_dir)
-
-    def _mask_files(self, resume_dir: str) -> dict[str, Path]:
-        """Where the checkpoint keeps the mask of each of this shard's sparse tensors (a dense
-        checkpoint: nowhere)."""
-        found: dict[str, Path] = {}
-        for path in sorted(Path(resume_dir).glob(f"{MASKS}*.safetensors")) if self.sparse else []:
-            with safe_open(str(path), framework="numpy") as f:
-                found |= {n: path for n in f.keys() if n in self.sparse}  # noqa: SIM118 (not a dict)
-        return found
 
     def _drop_gradients(self) -> None:
         for n in self.names:
@@ -163,6 +132,7 @@ class MemoryXShard:
         """Forget the gradients of the step in progress and accept only calls of ``generation`` from now
         on: the coordinator re-runs that step after a fault elsewhere. Weights and state stay."""
         with self._cond:
+            self._idle()  # an update being applied completes first: a shard is never left half-updated
             self.generation = generation
             self._drop_gradients()
             self._cond.notify_all()  # waiters of the old generation wake up and give up
@@ -176,17 +146,30 @@ class MemoryXShard:
     def tensors(self, step: int, names: Sequence[str]) -> list[tuple[str, np.ndarray]]:
         """The weights after ``step`` updates. In memory mode the arrays are shared, not copied: they are
         only replaced in place after every reader of this step is done (the coordinator's ordering)."""
+        missing = [n for n in names if n not in self.users]
+        if missing:
+            raise KeyError(f"tensors not on this shard: {missing}")
         with self._cond:
-            if not self._cond.wait_for(lambda: self.step >= step, timeout=self.timeout_s):
+            if not self._cond.wait_for(lambda: self._ready(step, names), timeout=self.timeout_s):
                 raise TimeoutError(
                     f"weights of step {step} not ready after {self.timeout_s}s (at {self.step})"
                 )
             if self.step != step:
-                raise StaleStepError(f"weights of step {step} requested, shard is at step {self.step}")
-            missing = [n for n in names if n not in self.users]
-            if missing:
-                raise KeyError(f"tensors not on this shard: {missing}")
+                if self.step > step:
+                    raise StaleStepError(f"weights of step {step} requested, shard is at step {self.step}")
+                self.served_early += len(names)  # updated already, the rest of the update still going
         return list(self._wire(names))  # disk: read outside the lock
+
+    def _ready(self, step: int, names: Sequence[str]) -> bool:
+        """Whether the weights of ``names`` after ``step`` updates can be served (under the lock)."""
+        if self.step >= step:
+            return True
+        return self._updating == step - 1 and all(n in self._fresh for n in names)
+
+    def _idle(self) -> None:
+        """Wait (under the lock) until no update is being applied."""
+        if not self._cond.wait_for(lambda: self._updating is None, timeout=self.timeout_s):
+            raise TimeoutError(f"the update of step {self._updating} still running after {self.timeout_s}s")
 
     def _wire(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
         for n in names:
@@ -227,6 +210,7 @@ class MemoryXShard:
         self, step: int, unit: int, grads: Mapping[str, np.ndarray], generation: int = 0
     ) -> None:
         with self._cond:
+            self._idle()  # a gradient of the next step can arrive before the update's last bookkeeping
             check_generation(generation, self.generation, f"gradient of unit {unit} for step {step}")
             if step != self.step:
                 raise StaleStepError(f"gradient of step {step} for unit {unit}, shard is at step {self.step}")
@@ -303,15 +287,24 @@ class MemoryXShard:
             return self._sq_sum
 
     def apply_update(self, step: int, lr: float, clip_coef: float, generation: int = 0) -> bool:
-        """Apply the optimizer for ``step``. Returns False if it was applied already."""
+        """Apply the optimizer for ``step``. Returns False if it was applied already.
+
+        Tensor by tensor in the model's order (the embedding first) and outside the lock, so that
+        ``tensors(step + 1)`` serves each one as soon as it is updated; gradients of the next step,
+        ``reset`` and checkpoints wait for the whole update. Where masks are made again after this step
+        (dynamic sparsity) nothing is served before the end."""
         if step == self.step:
             self.grad_sq_sum(step, generation)  # waits until every gradient is in, and sums them
         with self._cond:
+            self._idle()  # the same step asked twice at once: the second finds it applied
             check_generation(generation, self.generation, f"update of step {step}")
             if step < self.step:
                 return False
             if step > self.step or self._sq_sum is None:
                 raise StaleStepError(f"update of step {step} requested, shard is at step {self.step}")
+            self._updating, self._fresh = step, set()
+            remask = self.sparse.due(step + 1)
+        try:
             names = state_names(self.opt.kind)
             for n in self.names:
                 grad = self._grad_key(n)
@@ -325,59 +318,33 @@ class MemoryXShard:
 
                 # block by block: weight, gradient and state in, weight and state back
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])
-            for n in self.sparse.due(step + 1):  # dynamic sparsity: masks made again from these weights
+                if not remask:
+                    with self._cond:
+                        self._crcs.pop(n, None)
+                        self._fresh.add(n)
+                        self._cond.notify_all()
+            for n in remask:  # dynamic sparsity: masks made again from these weights
                 keys = [n, *self.state_keys[n]]
                 compact = self.sparse.remask(n, step + 1, [self.store.get(k) for k in keys])
                 for key, v in zip(keys, compact, strict=True):
                     self.store.put(key, v)
-            self._drop_gradients()
-            self._crcs = {}
-            self.step += 1
-            if isinstance(self.store, DiskStore):  # what a step cost the disk, for operators and benches
-                st = self.store
-                log.info(
-                    "step %d applied: disk read %d B, written %d B, %.3f s in I/O (totals), %d B on disk",
-                    self.step,
-                    st.bytes_read,
-                    st.bytes_written,
-                    st.io_seconds,
-                    st.disk_bytes(),
-                )
-            self._cond.notify_all()
-            return True
-
-    # -- checkpoints ---------------------------------------------------------------------------------------
-    def write_checkpoint(
-        self,
-        step: int,
-        model_files: Sequence[tuple[Path, Sequence[str]]],
-        optimizer_files: Sequence[tuple[Path, Sequence[str]]],
-        mask_files: Sequence[tuple[Path, Sequence[str]]] = (),
-    ) -> None:
-        """Write the weights (and optimizer state, flattened as '<tensor>.<state>') of ``step`` into the
-        given files, streaming from the store. Raises ValueError naming the tensors if any value is NaN or
-        infinite: such a checkpoint is never written (the coordinator stops a diverging run earlier; this
-        holds whatever it does)."""
-        with self._cond:
-            if step != self.step:
-                raise ValueError(f"checkpoint of step {step} requested, shard is at step {self.step}")
-            try:
-                for path, keys in (*model_files, *optimizer_files):
-                    write_safetensors(path, [self._source(k) for k in keys])
-                for path, names in mask_files:
-                    masks = [
-                        (n, self.model.specs[n].shape, lambda n=n: self.sparse.mask_blocks(n)) for n in names
-                    ]
-                    write_safetensors(path, masks, dtype="BOOL")
-            except NonFiniteError as e:
-                raise ValueError(f"refusing to checkpoint step {step}: {e}") from None
-
-    def _source(self, key: str) -> TensorSource:
-        name = key if key in self.users else key.rsplit(".", 1)[0]
-        if name in self.sparse:  # dense, with zeros at the pruned entries
-            return (
-                key,
-                self.model.specs[name].shape,
-                lambda: self.sparse.dense_blocks(name, self.store.get(key)),
+            with self._cond:
+                self._drop_gradients()
+                if remask:
+                    self._crcs = {}
+                self.step += 1
+        finally:
+            with self._cond:
+                self._updating, self._fresh = None, set()
+                self._cond.notify_all()
+        if isinstance(self.store, DiskStore):  # what a step cost the disk, for operators and benches
+            st = self.store
+            log.info(
+                "step %d applied: disk read %d B, written %d B, %.3f s in I/O (totals), %d B on disk",
+                step + 1,
+                st.bytes_read,
+                st.bytes_written,
+                st.io_seconds,
+                st.disk_bytes(),
             )
-        return key, self.model.specs[name].shape, lambda: self.store.blocks(key)
+        return True

@@ -70,6 +70,11 @@ class RolePlane:
         return channel
 
     # -- calling every role of a kind ----------------------------------------------------------------------
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` (calls through this plane) in the background: one step's calls overlapping the
+        previous step's (training/stepping.py)."""
+        return self._pool.submit(fn)
+
     def check_roles(self, grace_s: float = 0.0) -> None:
         """Raise RoleFault if a role has died. ``grace_s``: after a failed call, the peer's exit may reach
         us a moment after its closed connection does, so look again for that long."""

@@ -1,10 +1,6 @@
-"""Run one job: plan it, start its roles through a backend, drive the steps, evaluate, checkpoint, and
-recover from the loss of any role on the way (``training.recovery``).
+"""Run one job: plan it, start its roles through a backend, drive the steps (``training.stepping``),
+evaluate, checkpoint, and recover from the loss of any role on the way (``training.recovery``).
 
-Step s, as the coordinator drives it (every call has a deadline; a dead or hung role is replaced):
-  1. RunStep(s) on every worker (they pull weights through SwarmX and push gradients back)
-  2. GradNormSq(s) on every MemoryX shard (each waits until its gradients are complete)
-  3. ApplyUpdate(s, lr, clip coefficient) on every shard: the step is applied exactly once
 A step interrupted by a fault is run again under a new generation; its first attempt's gradients are
 refused wherever they still arrive, so each step is applied exactly once whatever happens.
 """
@@ -24,7 +20,6 @@ from typing import Any
 from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
 from weightstream.hf_checkpoint import StartCheckpointError
-from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -43,6 +38,7 @@ from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.hf_start import check_start_checkpoint
 from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
+from weightstream.training.stepping import StepDriver
 from weightstream.training.tensorboard import RunEvents
 from weightstream.transport.auth import new_role_token
 
@@ -158,6 +154,7 @@ class JobRunner:
             credential,
             self.rc.rpc_timeout_s,
         )
+        self.steps = StepDriver(self.roles, self.opt)
         self.recovery_point: tuple[int, Path | None] = (start_step, resume[1] if resume else None)
         self.recovery = Recovery(
             self.roles, self.budget, self.log, self._emit, self._cancelled, self._wait_ready
@@ -187,43 +184,27 @@ class JobRunner:
             raise JobFailed(str(e)) from e
 
     def _step(self, step: int) -> dict[str, Any]:
-        """Train step ``step`` (0-based) up to the update; returns its metrics record."""
-        t0 = time.monotonic()
-        replies = self.roles.rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
-        t_update = time.monotonic()
-        sq = [r.sq_sum for r in self.roles.rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
-        norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
-        loss = sum(r.loss for r in replies)
-        check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
-        lr = self.opt.learning_rate(step)
-        record = {
-            "step": step + 1,
-            "loss": loss,
-            "learning_rate": lr,
-            "grad_norm": norm,
-            "tokens": sum(r.tokens for r in replies),
-            "step_time_s": 0.0,
-            "worker_wait_s": max(r.wait_s for r in replies),
-            "worker_compute_s": max(r.compute_s for r in replies),
-            "update_s": 0.0,
-            "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
-            # weights in and gradients out over every worker's link: falls with density (sparsity)
-            "worker_wire_bytes": sum(r.wire_bytes for r in replies),
-        }
-        self._applying = (step, record)
-        # only the shards take part from here: a worker lost now is replaced before the next step
-        update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
-        self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
-        t1 = time.monotonic()
-        record["step_time_s"], record["update_s"] = t1 - t0, t1 - t_update  # update: norm and optimizer
-        return record
+        """Train step ``step`` (0-based) through its update (``training.stepping``); returns its record."""
+        return self.steps.step(step, next_is_step=self._next_is_step(step))
+
+    def _next_is_step(self, step: int) -> bool:
+        """Whether, once step ``step`` is committed, the run's next action is step ``step + 1``: then that
+        step's RunStep may overlap this step's update."""
+        done, every = step + 1, self.rc.recovery_snapshot_steps
+        return (
+            self.at == self.done == step  # not a replay
+            and done < self.rc.max_steps
+            and not self.cadence.evaluate(done)
+            and not self.cadence.checkpoint(done)
+            and not (every and done % every == 0)
+            and not self._cancelled.is_set()
+        )
 
     def _train(self, start_step: int, t0: float) -> RunSummary:
         rc = self.rc
         self.at = self.done = start_step  # steps the shards hold; steps committed (logged) by this run
         self.losses: dict[int, float] = {}  # loss of each step since the recovery point, to check replays
         self._post: list[str] = []  # what is still to do after step ``done``: eval, checkpoint, snapshot
-        self._applying: tuple[int, dict[str, Any]] | None = None
         self.last_loss = self.eval_loss = None
         self.checkpoint: Path | None = None
         self.tokens_total, self.t_train = 0, time.monotonic()
@@ -248,6 +229,11 @@ class JobRunner:
                         self._commit(self._step(self.done))
                 except RoleFault as e:
                     self._recover(e)
+        if self.steps.overlapped:
+            self.log.info(
+                "%d steps started while the previous step's update was being applied (training.stepping)",
+                self.steps.overlapped,
+            )
         if start_step >= rc.max_steps:
             found = last_checkpoint(self.model_dir)
             self.checkpoint = found[1] if found else None
@@ -265,7 +251,7 @@ class JobRunner:
 
     def _commit(self, record: dict[str, Any]) -> None:
         """Step ``record['step']`` is applied on every shard: log it, and queue what follows it."""
-        self._applying = None
+        self.steps.applying = None
         self.at = self.done = done = record["step"]
         self.budget.step_completed()
         self.losses[done - 1] = self.last_loss = record["loss"]
@@ -284,6 +270,7 @@ class JobRunner:
                 record["learning_rate"],
                 record["grad_norm"],
             )
+        self.steps.committed()
         every = self.rc.recovery_snapshot_steps
         self._post = [
             *(["eval"] if self.cadence.evaluate(done) else []),
@@ -293,7 +280,7 @@ class JobRunner:
 
     def _replay(self, record: dict[str, Any]) -> None:
         step = record["step"] - 1
-        self._applying = None
+        self.steps.applying = None
         self.at = step + 1
         self.budget.step_completed()
         first = self.losses.get(step)
@@ -380,7 +367,8 @@ class JobRunner:
     # -- recovery ------------------------------------------------------------------------------------------
     def _recover(self, fault: RoleFault) -> None:
         """Replace what ``fault`` cost and bring the shards to an agreed step (``training.recovery``)."""
-        applying, self._applying = self._applying, None
+        applying, self.steps.applying = self.steps.applying, None
+        self.steps.drop_early()  # a RunStep sent ahead belongs to the configuration being replaced
         at = self.recovery.recover(
             fault, self.at, self.done, applying[0] if applying else None, self.recovery_point
         )

@@ -1,0 +1,102 @@
+"""One training step as the coordinator drives it, and the overlap of its update with the next step.
+
+Step s (every call with the job's deadline):
+  1. RunStep(s) on every worker (they pull weights through SwarmX and push gradients back)
+  2. GradNormSq(s) on every MemoryX shard (each waits until its gradients are complete), then the clip
+     coefficient and the divergence check (before any weight changes)
+  3. ApplyUpdate(s, lr, clip coefficient) on every shard: the step is applied exactly once
+
+Overlap: when the run's next action is step s + 1 (no evaluation, checkpoint or snapshot after s, not
+the last step, not a replay), RunStep(s + 1) is sent right after ApplyUpdate(s). A shard serves each
+tensor of step s + 1 as soon as its own update is done (memoryx/shard.py, embedding first), so the
+workers' forward runs while the shards apply the rest of the update instead of waiting for all of it. The
+math is unchanged (every weight a worker reads is the updated one), so results are bitwise those of the
+sequential order. Step s is still committed only once ApplyUpdate(s) has returned everywhere; a fault
+while both are in flight is recovered like a fault during ApplyUpdate(s) (``applying``), and the early
+RunStep(s + 1) is dropped with the configuration that sent it.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from weightstream.numerics import OptimizerConfig
+from weightstream.numerics.optim import clip_coefficient
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.training.divergence import check_finite
+from weightstream.training.roles import RolePlane
+
+__all__ = ["StepDriver"]
+
+Record = dict[str, Any]
+
+
+class StepDriver:
+    def __init__(self, roles: RolePlane, opt: OptimizerConfig) -> None:
+        self.roles, self.opt = roles, opt
+        self.applying: tuple[int, Record] | None = None  # (step, record) while its update is in flight
+        self._early: tuple[int, Future[list[Any]]] | None = None  # (step, its RunStep replies to come)
+        self._last_end = 0.0  # when the run committed the previous step (``committed``)
+        self.overlapped = 0  # steps whose RunStep overlapped the previous update (for tests, operators)
+
+    def committed(self) -> None:
+        """The run has committed (logged) the step this driver last ran: a step sent ahead begins now."""
+        self._last_end = time.monotonic()
+
+    def drop_early(self) -> None:
+        """Forget a RunStep sent ahead (a fault: the new configuration cancels it)."""
+        self._early = None
+
+    def _run_workers(self, step: int) -> tuple[float, list[Any]]:
+        """(when the step began, the workers' replies): the RunStep sent ahead, if any. A step sent ahead
+        begins, in ``step_time_s``, when the run committed the previous one: the overlap counts in the
+        previous step, so each step's time lies within its commit-to-commit interval, as without it."""
+        early, self._early = self._early, None
+        if early is not None and early[0] == step:
+            self.overlapped += 1
+            return self._last_end, early[1].result()
+        t0 = time.monotonic()
+        return t0, self.roles.rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
+
+    def step(self, step: int, next_is_step: bool) -> Record:
+        """Train step ``step`` (0-based) through its update; returns its metrics record. With
+        ``next_is_step`` (the run's next action is step ``step + 1``) that step's RunStep is sent as soon
+        as this step's update is."""
+        t0, replies = self._run_workers(step)
+        t_update = time.monotonic()
+        sq = [r.sq_sum for r in self.roles.rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
+        norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
+        loss = sum(r.loss for r in replies)
+        check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
+        lr = self.opt.learning_rate(step)
+        record: Record = {
+            "step": step + 1,
+            "loss": loss,
+            "learning_rate": lr,
+            "grad_norm": norm,
+            "tokens": sum(r.tokens for r in replies),
+            "step_time_s": 0.0,
+            "worker_wait_s": max(r.wait_s for r in replies),
+            "worker_compute_s": max(r.compute_s for r in replies),
+            "update_s": 0.0,
+            "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
+            # weights in and gradients out over every worker's link: falls with density (sparsity)
+            "worker_wire_bytes": sum(r.wire_bytes for r in replies),
+        }
+        self.applying = (step, record)
+        # only the shards take part from here: a worker lost now is replaced before the next step
+        update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
+        if next_is_step:
+            applied = self.roles.submit(lambda: self.roles.rpc_all("memoryx", "ApplyUpdate", update, False))
+            request = pb.RunStepRequest(step=step + 1)
+            ahead = self.roles.submit(lambda: self.roles.rpc_all("worker", "RunStep", request))
+            self._early = (step + 1, ahead)
+            applied.result()
+        else:
+            self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
+        self.applying = None
+        t1 = time.monotonic()
+        record["step_time_s"], record["update_s"] = t1 - t0, t1 - t_update  # update: norm and optimizer
+        return record
