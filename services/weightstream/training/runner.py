@@ -190,15 +190,19 @@ class JobRunner:
     def _next_is_step(self, step: int) -> bool:
         """Whether, once step ``step`` is committed, the run's next action is step ``step + 1``: then that
         step's RunStep may overlap this step's update."""
-        done, every = step + 1, self.rc.recovery_snapshot_steps
-        return (
-            self.at == self.done == step  # not a replay
-            and done < self.rc.max_steps
-            and not self.cadence.evaluate(done)
-            and not self.cadence.checkpoint(done)
-            and not (every and done % every == 0)
-            and not self._cancelled.is_set()
-        )
+        done = step + 1
+        if self.at != step or self.done != step:  # a replay after a fault
+            return False
+        return done < self.rc.max_steps and not self._after(done) and not self._cancelled.is_set()
+
+    def _after(self, done: int) -> list[str]:
+        """What the run does after step ``done`` (1-based) is committed, before the next step."""
+        every = self.rc.recovery_snapshot_steps
+        return [
+            *(["eval"] if self.cadence.evaluate(done) else []),
+            *(["checkpoint"] if self.cadence.checkpoint(done) else []),
+            *(["snapshot"] if every and done % every == 0 and not self.cadence.checkpoint(done) else []),
+        ]
 
     def _train(self, start_step: int, t0: float) -> RunSummary:
         rc = self.rc
@@ -251,7 +255,6 @@ class JobRunner:
 
     def _commit(self, record: dict[str, Any]) -> None:
         """Step ``record['step']`` is applied on every shard: log it, and queue what follows it."""
-        self.steps.applying = None
         self.at = self.done = done = record["step"]
         self.budget.step_completed()
         self.losses[done - 1] = self.last_loss = record["loss"]
@@ -271,16 +274,10 @@ class JobRunner:
                 record["grad_norm"],
             )
         self.steps.committed()
-        every = self.rc.recovery_snapshot_steps
-        self._post = [
-            *(["eval"] if self.cadence.evaluate(done) else []),
-            *(["checkpoint"] if self.cadence.checkpoint(done) else []),
-            *(["snapshot"] if every and done % every == 0 and not self.cadence.checkpoint(done) else []),
-        ]
+        self._post = self._after(done)
 
     def _replay(self, record: dict[str, Any]) -> None:
         step = record["step"] - 1
-        self.steps.applying = None
         self.at = step + 1
         self.budget.step_completed()
         first = self.losses.get(step)
