@@ -127,7 +127,7 @@ def _operand(x: np.ndarray) -> tuple[int, int] | None:
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out[...] = a @ b`` for 2-D ``a`` [M, K], ``b`` [K, N], ``out`` [M, N] (views allowed), on this
     process's engine. Which code computes a given product depends on its shapes and layouts only."""
-    sgemm = _load()[1]
+    sgemm = (_loaded or _load())[1]  # no lock once loaded: both compute threads call this at once
     m, k = a.shape
     n = b.shape[1]
     flags = None
