@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ def _podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
+def image() -> Iterator[str]:
     if shutil.which("podman") is None:
         pytest.skip("no container engine: run ../shared/tools/container-setup (podman) first")
     if _podman("info", check=False).returncode != 0:
@@ -65,8 +65,14 @@ def image() -> str:
         timeout=1500,
         check=False,
     )
-    assert r.returncode == 0, f"image build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return IMAGE
+    try:
+        assert r.returncode == 0, f"image build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        yield IMAGE
+    finally:
+        # Leave nothing behind: every build leaves its build stage and cache as untagged images (~2 GB with
+        # MKL in it); run after run they filled this machine's disk. Only images our Dockerfile labelled go.
+        _podman("rmi", "-f", IMAGE, check=False)
+        _podman("image", "prune", "-f", "--filter", "label=io.weightstream.dockerfile", check=False)
 
 
 def test_image_runs_every_role_entry_point(image: str) -> None:
