@@ -171,3 +171,95 @@ def test_the_workers_products_run_on_the_engine() -> None:
     np.testing.assert_array_equal(matmul(a, b), want)
     if engine().startswith("mkl"):  # and MKL's bits are not numpy's here: the test can tell them apart
         assert not np.array_equal(want, np.matmul(a, b))
+
+
+def _batch_views(rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """The attention's operands (attention.py): heads as [G, D, T] views of a feature-major [3C, N]
+    array (matrices D * N apart), their transposes, and blocks of a [G, T, T] score buffer; each output a
+    window of its own NaN-filled buffer."""
+    g, d, t, n_cols = 3, 16, 40, 100
+    qkv = rng.standard_normal((3 * g * d, n_cols), dtype=np.float32)
+    heads = [qkv[i * g * d : (i + 1) * g * d, 20 : 20 + t].reshape(g, d, t) for i in range(3)]  # q, k, v
+    scores = rng.standard_normal((g, t, t), dtype=np.float32)
+
+    def y() -> np.ndarray:  # [G, D, T] heads of a fresh feature-major output
+        return np.full((g * d, n_cols), np.nan, dtype=np.float32)[:, 20 : 20 + t].reshape(g, d, t)
+
+    return [
+        ("k^T q", heads[1][:, :, :30].transpose(0, 2, 1), heads[0][:, :, 10:25],
+         np.full((g, t, t), np.nan, dtype=np.float32)[:, :30, 10:25]),
+        ("v p", heads[2][:, :, :30], scores[:, :30, 10:25], y()[:, :, 10:25]),
+        ("q g^T", heads[0][:, :, 10:], scores[:, 5:20, 10:].transpose(0, 2, 1), y()[:, :, 5:20]),
+        ("one matrix", heads[1][:1], scores[:1, :, :7], y()[:1, :, :7]),
+        ("one matrix, broadcast", np.broadcast_to(scores[0, :16, :30], (1, 16, 30)), scores[:1, :30, :7],
+         y()[:1, :, :7]),
+        ("shared left operand", np.broadcast_to(scores[0, :16, :30], (3, 16, 30)), scores[:, :30, :7],
+         y()[:, :, :7]),
+    ]  # fmt: skip
+
+
+def test_batched_products_in_the_attentions_layouts() -> None:
+    rng = np.random.default_rng(4)
+    for name, a, b, out in _batch_views(rng):
+        base = out
+        while base.base is not None:
+            base = base.base
+        _gemm.bmm(a, b, out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+        outside = np.ones(base.size, dtype=bool)
+        outside[_offsets(out, base)] = False
+        assert np.isnan(base.reshape(-1)[outside]).all(), f"{name}: wrote outside its window"
+
+
+def _offsets(view: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Flat indices into ``base`` of every element of ``view``."""
+    start = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // view.itemsize
+    idx = np.full(view.shape, start, dtype=np.int64)
+    for axis, stride in enumerate(view.strides):
+        shape = [1] * view.ndim
+        shape[axis] = view.shape[axis]
+        idx = idx + (np.arange(view.shape[axis]) * (stride // view.itemsize)).reshape(shape)
+    return idx.reshape(-1)
+
+
+def test_batched_products_mkl_cannot_take_go_to_numpy() -> None:
+    """float64, and an output whose matrices overlap (batch stride smaller than one matrix): numpy."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 3, 5))
+    out = np.empty((2, 4, 5))
+    _gemm.bmm(a, b, out)
+    np.testing.assert_array_equal(out, np.matmul(a, b))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    flat = np.zeros(40, dtype=np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(flat, shape=(2, 4, 5), strides=(4 * 4, 5 * 4, 4))
+    calls: list[int] = []
+    real = np.matmul
+    try:
+        np.matmul = lambda *args, **kw: (calls.append(1), real(*args, **kw))[1]  # type: ignore[assignment]
+        _gemm.bmm(a32, b32, overlapping)
+    finally:
+        np.matmul = real
+    assert calls == [1]
+    square = rng.standard_normal((2, 600, 600)).astype(np.float32)  # out is an operand (more than MKL packs)
+    for name, x, y, into in [
+        ("out is b", square[::-1].copy(), None, "b"),
+        ("out is a", None, square[::-1].copy(), "a"),
+    ]:
+        a_op = square.copy() if x is None else x
+        b_op = square.copy() if y is None else y
+        want = a_op.astype(np.float64) @ b_op.astype(np.float64)
+        _gemm.bmm(a_op, b_op, b_op if into == "b" else a_op)
+        np.testing.assert_allclose(b_op if into == "b" else a_op, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.skipif(not ON_MKL_PLATFORM, reason="the mkl dependency is for Linux x86-64 only")
+def test_batched_products_run_on_mkl() -> None:
+    if os.environ.get("WEIGHTSTREAM_GEMM") == "numpy":
+        pytest.skip("WEIGHTSTREAM_GEMM=numpy set for this run")
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2, 64, 1000), dtype=np.float32)  # K = 1000: MKL and OpenBLAS round apart
+    b = rng.standard_normal((2, 1000, 48), dtype=np.float32)
+    out = np.empty((2, 64, 48), dtype=np.float32)
+    _gemm.bmm(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+    assert not np.array_equal(out, np.matmul(a, b))

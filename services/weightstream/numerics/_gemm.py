@@ -29,7 +29,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["engine", "gemm"]
+__all__ = ["bmm", "engine", "gemm"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS_LAYOUT / CBLAS_TRANSPOSE
 _THREADING_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL (mkl_service.h)
@@ -38,7 +38,8 @@ _INT_MAX = 2**31 - 1  # MKL's LP64 interface: 32-bit sizes and strides
 _F32 = np.dtype(np.float32)
 
 _lock = threading.Lock()
-_loaded: tuple[str, ctypes._CFuncPtr | None] | None = None  # (engine name, cblas_sgemm or None)
+# (engine name, cblas_sgemm or None, cblas_sgemm_batch_strided or None)
+_loaded: tuple[str, ctypes._CFuncPtr | None, ctypes._CFuncPtr | None] | None = None
 
 
 class GemmEngineError(RuntimeError):
@@ -57,7 +58,7 @@ def _mkl_library() -> str | None:
     return None
 
 
-def _load_mkl(path: str) -> tuple[str, ctypes._CFuncPtr]:
+def _load_mkl(path: str) -> tuple[str, ctypes._CFuncPtr, ctypes._CFuncPtr]:
     lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     # Both settings must come before MKL computes anything in this process.
     lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
@@ -72,8 +73,12 @@ def _load_mkl(path: str) -> tuple[str, ctypes._CFuncPtr]:
     i, p = ctypes.c_int, ctypes.c_void_p
     # layout, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
     sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, p, i, ctypes.c_float, p, i]
+    batch = lib.cblas_sgemm_batch_strided
+    batch.restype = None
+    # layout, transa, transb, m, n, k, alpha, a, lda, stridea, b, ldb, strideb, beta, c, ldc, stridec, count
+    batch.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, i, p, i, i, ctypes.c_float, p, i, i, i]
     name = version.value.decode(errors="replace").split(" for ")[0].replace("Intel(R) oneAPI ", "")
-    return f"mkl ({name})", sgemm
+    return f"mkl ({name})", sgemm, batch
 
 
 def _numpy_blas() -> str:
@@ -88,7 +93,7 @@ def _numpy_blas() -> str:
     return f"numpy ({infos[0].get('internal_api', 'blas')} {infos[0].get('version', '')})".replace(" )", ")")
 
 
-def _load() -> tuple[str, ctypes._CFuncPtr | None]:
+def _load() -> tuple[str, ctypes._CFuncPtr | None, ctypes._CFuncPtr | None]:
     global _loaded
     with _lock:
         if _loaded is None:
@@ -103,7 +108,7 @@ def _load() -> tuple[str, ctypes._CFuncPtr | None]:
                     "WEIGHTSTREAM_GEMM=mkl but the mkl package is not installed (pip install mkl)"
                 )
             else:
-                _loaded = (_numpy_blas(), None)
+                _loaded = (_numpy_blas(), None, None)
         return _loaded
 
 
@@ -153,3 +158,53 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     (ta, lda), (tb, ldb) = flags
     ldc = out.strides[0] // _F32.itemsize
     sgemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, out.ctypes.data, ldc)
+
+
+def _batch_stride(x: np.ndarray) -> int | None:
+    """Elements between consecutive matrices of a 3-D view, or None where MKL cannot step by it."""
+    step = x.strides[0]
+    if step < 0 or step % _F32.itemsize or step // _F32.itemsize > _INT_MAX:
+        return None
+    return step // _F32.itemsize
+
+
+def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out[g] = a[g] @ b[g]`` for 3-D ``a`` [G, M, K], ``b`` [G, K, N], ``out`` [G, M, N] (views of
+    evenly spaced matrices allowed), in one call: MKL's strided batch, or numpy's stacked matmul.
+
+    Why: the attention's products are small (64 x 128 x 256 per head), where numpy's stacked matmul (one
+    OpenBLAS call per matrix) reached ~110 GFLOP/s on one core and MKL's batch ~140 (measured on the
+    attention backward's four products: 29.7 against 23.1 ms on one thread)."""
+    batch = (_loaded or _load())[2]
+    flags = None
+    if (
+        batch is not None
+        and a.dtype == _F32
+        and b.dtype == _F32
+        and out.dtype == _F32
+        and a.ndim == b.ndim == out.ndim == 3
+        and min(a.shape[1], a.shape[2], b.shape[2]) > 1  # vectors: numpy (see gemm)
+        and max(a.shape[0], a.shape[1], a.shape[2], b.shape[2]) <= _INT_MAX
+        and out.strides[2] == _F32.itemsize
+        and out.shape[2] <= out.strides[1] // _F32.itemsize <= _INT_MAX
+        and out.strides[1] % _F32.itemsize == 0
+        and not np.may_share_memory(out, a)
+        and not np.may_share_memory(out, b)
+    ):
+        fa, fb = _operand(a[0]), _operand(b[0])
+        sa, sb, so = _batch_stride(a), _batch_stride(b), _batch_stride(out)
+        footprint = (out.shape[1] - 1) * (out.strides[1] // _F32.itemsize) + out.shape[2]
+        disjoint = so is not None and so >= footprint  # the output matrices must not overlap
+        if fa is not None and fb is not None and sa is not None and sb is not None and disjoint:
+            flags = fa, fb, sa, sb, so
+    if flags is None:
+        np.matmul(a, b, out=out)
+        return
+    (ta, lda), (tb, ldb), sa, sb, so = flags
+    g, m, k = a.shape
+    n = b.shape[2]
+    ldc = out.strides[1] // _F32.itemsize
+    batch(
+        _ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, sa, b.ctypes.data, ldb, sb,
+        0.0, out.ctypes.data, ldc, so, g,
+    )  # fmt: skip

@@ -4,12 +4,14 @@ The projections around it are linear layers. Why per head rather than batched [B
 
 - numpy's stacked matmul over all heads runs each small product on both BLAS threads, which sync on
   every one (~125 GFLOP/s here against ~350 for big products). Here each of our threads
-  (``for_row_blocks``) takes whole heads and runs their products on one BLAS thread.
-- A group of heads' scores (4 x [T, T] float32 = 1 MiB at T=256) stays in L2 from the QK^T product
-  through the softmax to the PV product, instead of a trip to DRAM per elementwise op over all 25 MB.
-- Heads go in groups of up to 4 per numpy call: numpy holds the GIL for each call's setup, and with one
-  head per call the two threads queued on it (measured: 4 heads per call made forward+backward 25%
-  faster on two threads, no faster on one).
+  (``for_row_blocks``) takes whole heads and runs their products on one thread, as one strided batch
+  per product block (``_gemm.bmm``: MKL's batch, ~25% faster than numpy's stacked matmul at these sizes).
+- Per head, the scores stay in cache from the QK^T product through the softmax to the PV product (the
+  softmax passes one [T, 256] slab at a time), instead of a trip to DRAM per elementwise op over all 25 MB.
+- Heads go in groups per call (``_head_group``): numpy holds the GIL for each call's setup, and with one
+  head per call the two threads queued on it. In float32 the softmax and its gradient are numba kernels
+  (``_fused``: one loop nest per slab, masked entries neither computed nor read); float64 keeps the
+  numpy passes below.
 
 Layout. The ``*_t`` functions take and give activations feature-major: qkv_t [3C, N] and y_t [C, N]
 (N = B * T, column b * T + t), which the block's products make and read at no extra cost since BLAS
@@ -41,11 +43,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 
 from weightstream.numerics._blocked import for_row_blocks, single_threaded_blas
+from weightstream.numerics._gemm import bmm
 
 __all__ = [
     "AttentionSaved",
@@ -60,8 +64,11 @@ __all__ = [
 # all-masked [128:, :128] quadrant), measured ~12% less time than whole [T, T] products on one thread;
 # blocks of 64 skip more but their smaller products run slower.
 _PRODUCT_BLOCK = 128
-# Heads per numpy call (the largest divisor of H up to this); 6 ran no faster than 4.
-_MAX_HEAD_GROUP = 4
+# Heads per call (the largest divisor of H up to this that leaves _MIN_TASKS groups to share out): with
+# MKL's batched products and the fused softmax, 12 heads per call ran the B8 T256 H12 attention 15% faster
+# than 4 (forward+backward 20.5 against 24.3 ms), 2 heads 17% slower. Both depend on the shapes only.
+_MAX_HEAD_GROUP = 12
+_MIN_TASKS = 4  # groups per call of attention_*_t: work for up to four threads (a worker has two)
 # Queries per elementwise pass (softmax, its gradient): a [T, 256] slab is 1 MiB at T=1024, in L2.
 _SOFTMAX_BLOCK = 256
 
@@ -100,9 +107,21 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
     return o
 
 
-def _head_group(n_head: int) -> int:
-    """Heads per numpy call: the largest divisor of n_head up to _MAX_HEAD_GROUP."""
-    return max(g for g in range(1, _MAX_HEAD_GROUP + 1) if n_head % g == 0)
+def _kernels(dt: np.dtype) -> ModuleType | None:
+    """The numba softmax kernels (``_fused``) for float32, imported on first use (numba costs every
+    process ~0.13 s to import); None for other dtypes, which take the numpy passes."""
+    if dt != np.float32:
+        return None
+    from weightstream.numerics import _fused
+
+    return _fused
+
+
+def _head_group(n_head: int, batch: int) -> int:
+    """Heads per call: the largest divisor of n_head up to _MAX_HEAD_GROUP that still leaves batch *
+    n_head / heads >= _MIN_TASKS groups (1 when none does)."""
+    fits = [g for g in range(1, _MAX_HEAD_GROUP + 1) if n_head % g == 0 and batch * n_head // g >= _MIN_TASKS]
+    return max(fits, default=1)
 
 
 def _heads(a: np.ndarray, row0: int, hg: int, d: int, cols: slice) -> np.ndarray:
@@ -148,8 +167,9 @@ def attention_forward_t(
     y_t = np.empty((c, batch * t), dtype=dt) if out is None else out
     p = _uninitialized((batch, n_head, t, t), dt)
     ones = _ones(t, dt)
-    hg = _head_group(n_head)
+    hg = _head_group(n_head, batch)
     keep_scale = _keep_scale(keep, rate, p.shape, dt)
+    fused = _kernels(dt)
 
     def run(s: slice) -> None:
         pd = None if keep is None else _uninitialized((hg, t, t), dt)  # [G, keys, queries] kept p
@@ -163,19 +183,23 @@ def attention_forward_t(
             ph = p[bi, h0 : h0 + hg]  # [G, keys, queries]
             kh = None if keep is None else keep[bi, h0 : h0 + hg]  # [G, keys, queries] bool
             for i0, i1 in blocks:
-                np.matmul(k_t[:, :, :i1].transpose(0, 2, 1), q_scaled[:, :, i0:i1], out=ph[:, :i1, i0:i1])
-                ph[:, i1:, i0:i1] = -np.inf  # keys after the block: not computed, and masked
+                bmm(k_t[:, :, :i1].transpose(0, 2, 1), q_scaled[:, :, i0:i1], ph[:, :i1, i0:i1])
+                if fused is None:
+                    ph[:, i1:, i0:i1] = -np.inf  # keys after the block: not computed, and masked
             for c0, c1 in slabs:
                 sc = ph[:, :, c0:c1]
-                sc[:, c0:c1] += _diag_mask(c1 - c0, dt)  # the rest of the mask is in already
-                sc -= sc.max(axis=1, keepdims=True)
-                np.exp(sc, out=sc)
-                sc /= np.matmul(ones, sc)[:, None, :]  # sums over keys as GEMVs: one pass each
+                if fused is not None:  # one kernel; it writes the masked entries 0 without reading them
+                    fused.softmax_keys(ph, c0, c1)
+                else:
+                    sc[:, c0:c1] += _diag_mask(c1 - c0, dt)  # the rest of the mask is in already
+                    sc -= sc.max(axis=1, keepdims=True)
+                    np.exp(sc, out=sc)
+                    sc /= np.matmul(ones, sc)[:, None, :]  # sums over keys as GEMVs: one pass each
                 if pd is not None and kh is not None:  # dropout: the kept p, while the slab is in cache
                     np.multiply(sc, kh[:, :, c0:c1], out=pd[:, :, c0:c1])
             pw = ph if pd is None else pd  # what weights v
             for i0, i1 in blocks:
-                np.matmul(v_t[:, :, :i1], pw[:, :i1, i0:i1], out=y_h[:, :, i0:i1])
+                bmm(v_t[:, :, :i1], pw[:, :i1, i0:i1], y_h[:, :, i0:i1])
             if pd is not None:
                 y_h *= keep_scale
 
@@ -208,7 +232,8 @@ def attention_backward_t(
     scale = dt.type(1.0 / math.sqrt(d)) if keep is None else dt.type(1.0 / math.sqrt(d) / (1.0 - rate))
     blocks, slabs = _blocks(t, _PRODUCT_BLOCK), _blocks(t, _SOFTMAX_BLOCK)
     dqkv_t = np.empty((3 * c, batch * t), dtype=dt) if out is None else out
-    hg = _head_group(n_head)
+    hg = _head_group(n_head, batch)
+    fused = _kernels(dt)
 
     def run(s: slice) -> None:
         g = _uninitialized((hg, t, t), dt)  # [G, keys, queries], like p
@@ -223,22 +248,27 @@ def attention_backward_t(
             ph = p[bi, h0 : h0 + hg]
             kh = None if keep is None else keep[bi, h0 : h0 + hg]
             for i0, i1 in blocks:
-                np.matmul(v_t[:, :, :i1].transpose(0, 2, 1), dy_scaled[:, :, i0:i1], out=g[:, :i1, i0:i1])
-                g[:, i1:, i0:i1] = 0  # not computed nor read, but the passes below must see numbers
+                bmm(v_t[:, :, :i1].transpose(0, 2, 1), dy_scaled[:, :, i0:i1], g[:, :i1, i0:i1])
+                if fused is None:
+                    g[:, i1:, i0:i1] = 0  # not computed nor read, but the passes below must see numbers
             for c0, c1 in slabs:
                 gs, ps = g[:, :, c0:c1], ph[:, :, c0:c1]
                 if pd is not None and kh is not None:  # through dropout: dropped p pass no gradient
                     ks = kh[:, :, c0:c1]
-                    gs *= ks
+                    with np.errstate(invalid="ignore"):  # skipped keys may hold inf: never read after
+                        gs *= ks
                     np.multiply(ps, ks, out=pd[:, :, c0:c1])
-                gs -= np.einsum("gkq,gkq->gq", gs, ps)[:, None, :]  # delta
-                gs *= ps
+                if fused is not None:
+                    fused.softmax_keys_grad(g, ph, c0, c1)
+                else:
+                    gs -= np.einsum("gkq,gkq->gq", gs, ps)[:, None, :]  # delta
+                    gs *= ps
             pw = ph if pd is None else pd  # what weighed v in forward
             for i0, i1 in blocks:
-                np.matmul(k_t[:, :, :i1], g[:, :i1, i0:i1], out=dq_t[:, :, i0:i1])
+                bmm(k_t[:, :, :i1], g[:, :i1, i0:i1], dq_t[:, :, i0:i1])
                 # keys i0:i1 see the queries from i0 on
-                np.matmul(q_t[:, :, i0:], g[:, i0:i1, i0:].transpose(0, 2, 1), out=dk_t[:, :, i0:i1])
-                np.matmul(dy_h[:, :, i0:], pw[:, i0:i1, i0:].transpose(0, 2, 1), out=dv_t[:, :, i0:i1])
+                bmm(q_t[:, :, i0:], g[:, i0:i1, i0:].transpose(0, 2, 1), dk_t[:, :, i0:i1])
+                bmm(dy_h[:, :, i0:], pw[:, i0:i1, i0:].transpose(0, 2, 1), dv_t[:, :, i0:i1])
             if pd is not None:
                 dv_t *= keep_scale
 
