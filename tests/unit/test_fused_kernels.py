@@ -147,7 +147,8 @@ def test_float32_runs_the_kernels_and_float64_the_numpy_passes(
 ) -> None:
     """What the speed rests on: float32 attention and GELU go through the numba kernels."""
     calls: list[str] = []
-    for name in ("softmax_keys", "softmax_keys_grad", "gelu_tanh_rows"):
+    kernels = {"softmax_keys", "softmax_keys_grad", "gelu_tanh_rows", "multiply_sum_columns"}
+    for name in kernels:
         real = getattr(_fused, name)
         monkeypatch.setattr(_fused, name, lambda *a, _n=name, _r=real: (calls.append(_n), _r(*a))[1])
     for dtype in (np.float64, np.float32):
@@ -155,6 +156,26 @@ def test_float32_runs_the_kernels_and_float64_the_numpy_passes(
         qkv = rng.standard_normal((2, 20, 48)).astype(dtype)
         _, saved = A.attention_forward(qkv, 4)
         A.attention_backward(saved, rng.standard_normal((2, 20, 16)).astype(dtype))
-        L.gelu_forward(rng.standard_normal((20, 16)).astype(dtype))
-        want = {"softmax_keys", "softmax_keys_grad", "gelu_tanh_rows"} if dtype == np.float32 else set()
-        assert set(calls) == want, dtype
+        _, d = L.gelu_forward(rng.standard_normal((20, 16)).astype(dtype))
+        L.gelu_backward_sum(d, np.ones_like(d))
+        assert set(calls) == (kernels if dtype == np.float32 else set()), dtype
+
+
+@pytest.mark.parametrize("f", [1000, 100])  # two column halves, or one part
+def test_gelu_backward_with_the_bias_sum_in_the_same_pass(f: int, rng: np.random.Generator) -> None:
+    """float32: dx = dy * dy/dx and its column sums from one kernel pass, bitwise what gelu_backward and
+    sum_rows give apart; float64 takes those two."""
+    from weightstream.numerics._blocked import sum_rows
+
+    for dtype in (np.float32, np.float64):
+        dydx, dy = (rng.standard_normal((700, f)).astype(dtype) for _ in range(2))
+        apart = L.gelu_backward(None, dydx, dy)
+        dx, sums = L.gelu_backward_sum(dydx, dy)
+        np.testing.assert_array_equal(dx, apart)
+        np.testing.assert_array_equal(sums, sum_rows(apart))
+        assert_allclose(sums, (dy.astype(np.float64) * dydx).sum(axis=0), rtol=1e-4, atol=1e-3)
+        in_place = dy.copy()
+        dx2, sums2 = L.gelu_backward_sum(dydx, in_place, out=in_place)
+        assert np.shares_memory(dx2, in_place)
+        np.testing.assert_array_equal(dx2, apart)
+        np.testing.assert_array_equal(sums2, sums)

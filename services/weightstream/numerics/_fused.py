@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["exp_into", "gelu_tanh_rows", "softmax_keys", "softmax_keys_grad"]
+__all__ = ["exp_into", "gelu_tanh_rows", "multiply_sum_columns", "softmax_keys", "softmax_keys_grad"]
 
 _F = np.float32
 _LOG2E = _F(1.0 / math.log(2.0))
@@ -173,3 +173,19 @@ def gelu_tanh_rows(x: np.ndarray, bias: np.ndarray, y: np.ndarray, d: np.ndarray
             h = _ONE / (_ONE + yr[i])
             dr[i] = h + z * h * (_ONE - h) * (_G2K + _G6KC * z * z)
             yr[i] = z * h
+
+
+@_jit
+def multiply_sum_columns(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, sums: np.ndarray, c0: int, c1: int
+) -> None:
+    """out[:, c0:c1] = a * b there, and sums[c0:c1] = its column sums, added row after row (the order of
+    numpy's ``add.reduce`` over axis 0), in one pass instead of two. ``out`` may be ``a``."""
+    s = sums[c0:c1]
+    s[:] = _ZERO
+    for r in range(a.shape[0]):
+        ar, br, o = a[r, c0:c1], b[r, c0:c1], out[r, c0:c1]
+        for i in range(ar.shape[0]):
+            v = ar[i] * br[i]
+            o[i] = v
+            s[i] += v

@@ -33,7 +33,7 @@ from weightstream.numerics.layers import (
     add_bias_residual,
     add_layer_norm_forward,
     embedding_backward,
-    gelu_backward,
+    gelu_backward_sum,
     gelu_forward,
     layer_norm_backward,
     layer_norm_forward,
@@ -197,9 +197,9 @@ class BlockUnit:
             dg, grads["mlp.c_proj.weight"], grads["mlp.c_proj.bias"] = linear_backward(
                 g, w["mlp.c_proj.weight"], dproj, dx_out=g
             )
-            df = gelu_backward(None, dgdf, _present(dg), out=dg)
+            df, dfc_bias = gelu_backward_sum(dgdf, _present(dg), out=dg)  # + c_fc's bias gradient
             dh2, grads["mlp.c_fc.weight"], grads["mlp.c_fc.bias"] = linear_backward(
-                h2, w["mlp.c_fc.weight"], df, dx_out=h2
+                h2, w["mlp.c_fc.weight"], df, dx_out=h2, db=dfc_bias
             )
             dx1, grads["ln_2.weight"], grads["ln_2.bias"] = layer_norm_backward(
                 ln2,

@@ -36,6 +36,7 @@ __all__ = [
     "cross_entropy_forward",
     "embedding_backward",
     "gelu_backward",
+    "gelu_backward_sum",
     "gelu_forward",
     "layer_norm_backward",
     "layer_norm_forward",
@@ -59,16 +60,21 @@ def linear_forward(x: np.ndarray, w: Weight, b: np.ndarray | None) -> np.ndarray
 
 
 def linear_backward(
-    x: np.ndarray, w: Weight, dy: np.ndarray, need_dx: bool = True, dx_out: np.ndarray | None = None
+    x: np.ndarray,
+    w: Weight,
+    dy: np.ndarray,
+    need_dx: bool = True,
+    dx_out: np.ndarray | None = None,
+    db: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """Returns dx [..., in] (None if not needed), dw [in, out] (a sparse ``w``: its kept entries, [nnz]),
-    db [out].
+    db [out] (the given ``db`` when the pass that made dy summed it already).
 
     dw is computed first, so ``dx_out`` may be ``x`` itself (its last use): a layer that owns its saved
     input writes dx over it instead of faulting in a fresh buffer."""
     x2, dy2 = rows2(x), rows2(dy)  # [N, in], [N, out]
     dw = weight_grad(x2, dy2, w)  # [in, out]
-    db = sum_rows(dy2)  # [out]
+    db = sum_rows(dy2) if db is None else db  # [out]
     if not need_dx:
         return None, dw, db
     dx = matmul_any(dy2, w.T, out=None if dx_out is None else rows2(dx_out))  # [N, in]
@@ -275,6 +281,26 @@ def gelu_backward(
 
     for_row_blocks(rows, dy2.shape[0], dy2.shape[1])
     return dx.reshape(dy.shape)
+
+
+def gelu_backward_sum(
+    dydx: np.ndarray, dy: np.ndarray, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, the column sums of dx [F]): ``gelu_backward`` and the bias gradient of the product before the
+    GELU in one pass over dx instead of two (float32: a kernel per fixed column half, summing rows in
+    numpy's order; otherwise ``gelu_backward`` then ``sum_rows``). ``out`` may be ``dy``."""
+    d2, dy2 = rows2(dydx), rows2(dy)
+    if not (d2.dtype == dy2.dtype == np.float32 and d2.flags.c_contiguous and dy2.flags.c_contiguous):
+        dx = gelu_backward(None, dydx, dy, out=out)
+        return dx, sum_rows(rows2(dx))
+    from weightstream.numerics._fused import multiply_sum_columns
+
+    dx = np.empty_like(dy2) if out is None else rows2(out)
+    sums = np.empty(dy2.shape[1], dtype=dy2.dtype)
+    f = dy2.shape[1]
+    halves = [(0, f // 2), (f // 2, f)] if f >= 256 else [(0, f)]  # a function of the shape: same bits
+    run_tasks([lambda c=c: multiply_sum_columns(dy2, d2, dx, sums, *c) for c in halves])
+    return dx.reshape(dy.shape), sums
 
 
 def relu_forward(x: np.ndarray) -> np.ndarray:
