@@ -129,6 +129,29 @@ def _operand(x: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
+def _in_place(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """Whether MKL can compute the float32 2-D product a @ b into ``out`` as they lie (``out``'s rows
+    unit-stride, sizes and leading dimension within LP64's 32 bits). Vectors go to numpy: their strides
+    do not say their layout, and numpy's GEMV handles them."""
+    m, k = a.shape
+    n = b.shape[1]
+    return (
+        a.dtype == _F32
+        and b.dtype == _F32
+        and out.dtype == _F32
+        and min(m, n, k) > 1
+        and max(m, n, k) <= _INT_MAX
+        and out.strides[1] == _F32.itemsize
+        and n <= out.strides[0] // _F32.itemsize <= _INT_MAX
+        and out.strides[0] % _F32.itemsize == 0
+    )
+
+
+def _shares(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """An output that may overlap an operand: MKL would overwrite what it still reads (numpy copies)."""
+    return bool(np.may_share_memory(out, a) or np.may_share_memory(out, b))
+
+
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out[...] = a @ b`` for 2-D ``a`` [M, K], ``b`` [K, N], ``out`` [M, N] (views allowed), on this
     process's engine. Which code computes a given product depends on its shapes and layouts only."""
@@ -136,19 +159,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     m, k = a.shape
     n = b.shape[1]
     flags = None
-    if (
-        sgemm is not None
-        and a.dtype == _F32
-        and b.dtype == _F32
-        and out.dtype == _F32
-        and min(m, n, k) > 1  # a vector's strides do not say its layout: numpy's GEMV handles those
-        and max(m, n, k) <= _INT_MAX
-        and out.strides[1] == _F32.itemsize
-        and n <= out.strides[0] // _F32.itemsize <= _INT_MAX
-        and out.strides[0] % _F32.itemsize == 0
-        and not np.may_share_memory(out, a)
-        and not np.may_share_memory(out, b)
-    ):
+    if sgemm is not None and _in_place(a, b, out) and not _shares(out, a, b):
         fa, fb = _operand(a), _operand(b)
         if fa is not None and fb is not None:
             flags = fa, fb
@@ -179,17 +190,10 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     flags = None
     if (
         batch is not None
-        and a.dtype == _F32
-        and b.dtype == _F32
-        and out.dtype == _F32
         and a.ndim == b.ndim == out.ndim == 3
-        and min(a.shape[1], a.shape[2], b.shape[2]) > 1  # vectors: numpy (see gemm)
-        and max(a.shape[0], a.shape[1], a.shape[2], b.shape[2]) <= _INT_MAX
-        and out.strides[2] == _F32.itemsize
-        and out.shape[2] <= out.strides[1] // _F32.itemsize <= _INT_MAX
-        and out.strides[1] % _F32.itemsize == 0
-        and not np.may_share_memory(out, a)
-        and not np.may_share_memory(out, b)
+        and 0 < a.shape[0] <= _INT_MAX
+        and _in_place(a[0], b[0], out[0])
+        and not _shares(out, a, b)
     ):
         fa, fb = _operand(a[0]), _operand(b[0])
         sa, sb, so = _batch_stride(a), _batch_stride(b), _batch_stride(out)
