@@ -1,4 +1,5 @@
-"""The workers' matrix-product engine (numerics/_gemm.py): MKL where installed, numpy's BLAS otherwise."""
+"""The workers' matrix-product engine (numerics/_gemm.py): MKL where installed on an Intel CPU, numpy's BLAS
+otherwise; each test that computes runs on both where MKL is installed."""
 
 from __future__ import annotations
 
@@ -12,20 +13,58 @@ import numpy as np
 import pytest
 
 from weightstream.numerics import _gemm
-from weightstream.numerics._blocked import matmul
+from weightstream.numerics._blocked import matmul, single_threaded_blas
 from weightstream.numerics._gemm import engine, gemm
 
 ON_MKL_PLATFORM = sys.platform == "linux" and platform.machine() == "x86_64"
 
 
+HAS_MKL = _gemm._mkl_library() is not None
+
+
+def _choose(monkeypatch: pytest.MonkeyPatch, setting: str, vendor: str | None = None) -> str:
+    """The engine a fresh process would choose with ``WEIGHTSTREAM_GEMM=setting`` on a CPU of ``vendor``
+    (this machine's when None); it stays this test's engine (monkeypatch restores the process's after)."""
+    monkeypatch.setattr(_gemm, "_loaded", None)
+    monkeypatch.setenv("WEIGHTSTREAM_GEMM", setting)
+    if vendor is not None:
+        monkeypatch.setattr(_gemm, "cpu_vendor", lambda: vendor)
+    return engine()
+
+
+@pytest.fixture(params=["mkl", "numpy"])
+def each_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test on MKL and on numpy's BLAS, whichever this CPU would choose by itself."""
+    if request.param == "mkl" and not HAS_MKL:
+        pytest.skip("the mkl package is not installed (a dependency on Linux x86-64 only)")
+    return _choose(monkeypatch, request.param).split()[0]
+
+
 @pytest.mark.skipif(not ON_MKL_PLATFORM, reason="the mkl dependency is for Linux x86-64 only")
-def test_mkl_computes_the_products_where_it_is_a_dependency() -> None:
-    """pyproject makes mkl a core dependency here: if it is installed but not found or not loaded, the
-    workers would silently fall back to the slower BLAS."""
-    if os.environ.get("WEIGHTSTREAM_GEMM") == "numpy":
-        pytest.skip("WEIGHTSTREAM_GEMM=numpy set for this run")
-    assert engine().startswith("mkl (Math Kernel Library"), engine()
+def test_the_engine_follows_the_cpu_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject makes mkl a core dependency here: on an Intel CPU it must compute the products (installed
+    but not found, the workers would silently fall back to the slower BLAS); on any other vendor numpy's
+    BLAS does (MKL's fast paths are Intel's), unless WEIGHTSTREAM_GEMM=mkl forces MKL."""
+    assert HAS_MKL
+    assert _choose(monkeypatch, "", "GenuineIntel").startswith("mkl (Math Kernel Library")
     assert _gemm._load()[1] is not None
+    assert _choose(monkeypatch, "", "AuthenticAMD").startswith("numpy")
+    assert _gemm._load()[1] is None
+    assert _choose(monkeypatch, "", "").startswith("numpy")  # an unknown vendor: the safe default
+    assert _choose(monkeypatch, "mkl", "AuthenticAMD").startswith("mkl (Math Kernel Library")
+    assert _choose(monkeypatch, "numpy", "GenuineIntel").startswith("numpy")
+
+
+def test_this_machine_reports_its_vendor() -> None:
+    """The vendor comes from /proc/cpuinfo where there is one (what the choice above reads)."""
+    if not os.path.exists("/proc/cpuinfo"):
+        assert _gemm.cpu_vendor() == ""
+        return
+    with open("/proc/cpuinfo") as f:
+        line = next((x for x in f if x.startswith("vendor_id")), "vendor_id: ")
+    assert _gemm.cpu_vendor() == line.split(":", 1)[1].strip()
+    if ON_MKL_PLATFORM and not os.environ.get("WEIGHTSTREAM_GEMM"):
+        assert engine().startswith("mkl") == (_gemm.cpu_vendor() == "GenuineIntel")
 
 
 def _views(rng: np.random.Generator, m: int, k: int, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -46,7 +85,7 @@ def _views(rng: np.random.Generator, m: int, k: int, n: int) -> list[tuple[str, 
 
 
 @pytest.mark.parametrize("shape", [(64, 48, 80), (257, 131, 67), (2, 3, 2)])
-def test_every_layout_computes_the_product(shape: tuple[int, int, int]) -> None:
+def test_every_layout_computes_the_product(shape: tuple[int, int, int], each_engine: str) -> None:
     rng = np.random.default_rng(0)
     m, k, n = shape
     for name, a, b in _views(rng, m, k, n):
@@ -110,14 +149,16 @@ def _run(script: str, **env: str) -> str:
 def test_products_are_bitwise_the_same_across_processes_alignments_and_a_torch_in_the_process() -> None:
     """Reruns are bitwise equal only if a product's bits depend on its values alone: not on where malloc
     put the operands, and not on whether PyTorch (which carries its own MKL) was imported first."""
-    script = _digest_script("")
-    first = _run(script)
-    assert _run(script) == first
-    pytest.importorskip("torch")
-    assert _run(_digest_script("import torch")) == first
+    for setting in ["mkl", "numpy"] if HAS_MKL else ["numpy"]:
+        script = _digest_script("")
+        first = _run(script, WEIGHTSTREAM_GEMM=setting)
+        assert first.startswith(setting), first
+        assert _run(script, WEIGHTSTREAM_GEMM=setting) == first
+        pytest.importorskip("torch")
+        assert _run(_digest_script("import torch"), WEIGHTSTREAM_GEMM=setting) == first
 
 
-def test_same_alignment_gives_same_bits_in_process() -> None:
+def test_same_alignment_gives_same_bits_in_process(each_engine: str) -> None:
     rng = np.random.default_rng(2)
     a = rng.standard_normal((300, 200), dtype=np.float32)
     b = rng.standard_normal((200, 150), dtype=np.float32)
@@ -158,7 +199,7 @@ def test_a_bad_engine_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch
     np.testing.assert_array_equal(matmul(a, a.T), a @ a.T)
 
 
-def test_the_workers_products_run_on_the_engine() -> None:
+def test_the_workers_products_run_on_the_engine(each_engine: str) -> None:
     """``_blocked.matmul`` (every product of the workers' units) computes each of its parts with
     ``gemm``: bitwise what the engine gives for the same part, whichever engine that is."""
     rng = np.random.default_rng(3)
@@ -166,10 +207,11 @@ def test_the_workers_products_run_on_the_engine() -> None:
     a = rng.standard_normal((512, 1000), dtype=np.float32)
     b = rng.standard_normal((1000, 200), dtype=np.float32)
     want = np.empty((512, 200), dtype=np.float32)
-    gemm(a[:256], b, want[:256])  # the two row parts _blocked.matmul makes of this shape
-    gemm(a[256:], b, want[256:])
+    with single_threaded_blas():  # as matmul calls it (OpenBLAS's bits depend on its thread count)
+        gemm(a[:256], b, want[:256])  # the two row parts _blocked.matmul makes of this shape
+        gemm(a[256:], b, want[256:])
     np.testing.assert_array_equal(matmul(a, b), want)
-    if engine().startswith("mkl"):  # and MKL's bits are not numpy's here: the test can tell them apart
+    if each_engine == "mkl":  # and MKL's bits are not numpy's here: the test can tell them apart
         assert not np.array_equal(want, np.matmul(a, b))
 
 
@@ -198,7 +240,7 @@ def _batch_views(rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.nda
     ]  # fmt: skip
 
 
-def test_batched_products_in_the_attentions_layouts() -> None:
+def test_batched_products_in_the_attentions_layouts(each_engine: str) -> None:
     rng = np.random.default_rng(4)
     for name, a, b, out in _batch_views(rng):
         base = out
@@ -252,10 +294,9 @@ def test_batched_products_mkl_cannot_take_go_to_numpy() -> None:
         np.testing.assert_allclose(b_op if into == "b" else a_op, want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.skipif(not ON_MKL_PLATFORM, reason="the mkl dependency is for Linux x86-64 only")
-def test_batched_products_run_on_mkl() -> None:
-    if os.environ.get("WEIGHTSTREAM_GEMM") == "numpy":
-        pytest.skip("WEIGHTSTREAM_GEMM=numpy set for this run")
+@pytest.mark.skipif(not HAS_MKL, reason="the mkl package is not installed (Linux x86-64 only)")
+def test_batched_products_run_on_mkl(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _choose(monkeypatch, "mkl").startswith("mkl")
     rng = np.random.default_rng(6)
     a = rng.standard_normal((2, 64, 1000), dtype=np.float32)  # K = 1000: MKL and OpenBLAS round apart
     b = rng.standard_normal((2, 1000, 48), dtype=np.float32)
