@@ -29,7 +29,16 @@ from threadpoolctl import ThreadpoolController
 
 from weightstream.numerics._gemm import gemm
 
-__all__ = ["THREADS", "for_row_blocks", "matmul", "rows2", "run_tasks", "single_threaded_blas", "sum_rows"]
+__all__ = [
+    "THREADS",
+    "for_row_blocks",
+    "matmul",
+    "product_parts",
+    "rows2",
+    "run_tasks",
+    "single_threaded_blas",
+    "sum_rows",
+]
 
 THREADS = max(1, min(int(os.environ.get("WEIGHTSTREAM_NUM_THREADS", os.cpu_count() or 1)), 16))
 _BLOCK_ELEMS = 1 << 17  # 128 Ki elements = 512 KiB of float32 per operand (measured best; 256 KiB: +10%)
@@ -125,6 +134,12 @@ def _spans(size: int, parts: int) -> list[slice]:
     return [slice(i, min(i + step, size)) for i in range(0, size, step)]
 
 
+def product_parts(size: int) -> list[slice]:
+    """The fixed split of a product's longer side, or of a row sum's columns: up to ``_GEMM_PARTS`` parts
+    of at least ``_MIN_GEMM_PART`` (one part below that), a function of ``size`` only."""
+    return _spans(size, min(_GEMM_PARTS, size // _MIN_GEMM_PART))
+
+
 def matmul(
     a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, bias: np.ndarray | None = None
 ) -> np.ndarray:
@@ -153,7 +168,7 @@ def matmul(
                 o += bias if row_bias else bias[s]
 
     with single_threaded_blas():
-        run_tasks([lambda s=s: part(s) for s in _spans(size, min(_GEMM_PARTS, size // _MIN_GEMM_PART))])
+        run_tasks([lambda s=s: part(s) for s in product_parts(size)])
     return out
 
 
@@ -165,6 +180,5 @@ def sum_rows(a: np.ndarray) -> np.ndarray:
     def part(s: slice) -> None:
         np.add.reduce(a[:, s], axis=0, out=out[s])
 
-    n = a.shape[1]
-    run_tasks([lambda s=s: part(s) for s in _spans(n, min(_GEMM_PARTS, n // _MIN_GEMM_PART))])
+    run_tasks([lambda s=s: part(s) for s in product_parts(a.shape[1])])
     return out

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from weightstream.numerics._blocked import for_row_blocks, rows2, run_tasks, sum_rows
+from weightstream.numerics._blocked import for_row_blocks, product_parts, rows2, run_tasks, sum_rows
 from weightstream.numerics.attention import AttentionSaved, attention_backward, attention_forward
 from weightstream.numerics.sparse import SparseWeight, matmul_any, weight_grad
 
@@ -287,8 +287,8 @@ def gelu_backward_sum(
     dydx: np.ndarray, dy: np.ndarray, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dx, the column sums of dx [F]): ``gelu_backward`` and the bias gradient of the product before the
-    GELU in one pass over dx instead of two (float32: a kernel per fixed column half, summing rows in
-    numpy's order; otherwise ``gelu_backward`` then ``sum_rows``). ``out`` may be ``dy``."""
+    GELU in one pass over dx instead of two (float32: a kernel per column part of ``sum_rows``, summing
+    rows in numpy's order; otherwise ``gelu_backward`` then ``sum_rows``). ``out`` may be ``dy``."""
     d2, dy2 = rows2(dydx), rows2(dy)
     if not (d2.dtype == dy2.dtype == np.float32 and d2.flags.c_contiguous and dy2.flags.c_contiguous):
         dx = gelu_backward(None, dydx, dy, out=out)
@@ -297,9 +297,9 @@ def gelu_backward_sum(
 
     dx = np.empty_like(dy2) if out is None else rows2(out)
     sums = np.empty(dy2.shape[1], dtype=dy2.dtype)
-    f = dy2.shape[1]
-    halves = [(0, f // 2), (f // 2, f)] if f >= 256 else [(0, f)]  # a function of the shape: same bits
-    run_tasks([lambda c=c: multiply_sum_columns(dy2, d2, dx, sums, *c) for c in halves])
+    # sum_rows's column parts (columns are summed independently, so any split gives the same bits)
+    parts = product_parts(dy2.shape[1])
+    run_tasks([lambda s=s: multiply_sum_columns(dy2, d2, dx, sums, s.start, s.stop) for s in parts])
     return dx.reshape(dy.shape), sums
 
 
