@@ -202,3 +202,28 @@ def test_freed_activations_are_reused_without_page_faults() -> None:
         [sys.executable, "-c", _FAULTS_CHILD], env=env, capture_output=True, text=True, check=True
     )
     assert int(out.stdout) < 500
+
+
+def test_a_stalled_thread_does_not_hold_back_the_other_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_tasks`` hands out tasks one at a time: while one thread is stuck in a task (preempted, on a
+    busy machine) the other takes every task left, instead of a fixed share of them waiting behind it.
+    Every task runs exactly once."""
+    import threading
+    import time
+
+    monkeypatch.setattr(blocked, "THREADS", 2)
+    monkeypatch.setattr(blocked, "_pool", None)  # a pool of THREADS - 1 threads, whatever this machine has
+    ran: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def task(i: int) -> None:
+        if i == 0:
+            time.sleep(1.0)  # the stalled one
+        with lock:
+            ran.append((i, threading.get_ident()))
+
+    blocked.run_tasks([lambda i=i: task(i) for i in range(10)])
+    assert sorted(i for i, _ in ran) == list(range(10))
+    stalled = dict(ran)[0]
+    assert all(t != stalled for i, t in ran if i != 0), "tasks waited behind the stalled thread"
+    assert ran[-1][0] == 0  # everything else was done while it slept

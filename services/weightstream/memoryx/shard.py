@@ -6,7 +6,9 @@ Step protocol (the coordinator drives it, each call with a deadline):
                           the workers' next forward overlaps the rest of the update)
   add_gradient(step, u)   the reduced gradient of unit u for this step (a tied tensor gets one per unit)
   grad_sq_sum(step)       waits until every expected gradient is in, sums them in unit order (so the
-                          result is the same whatever order they arrived in), returns the sum of squares
+                          result is the same whatever order they arrived in), returns the sum of squares;
+                          in memory mode a tensor's own sum of squares is computed in the background as
+                          soon as its gradient is complete, so only the last arrivals are left to do here
   apply_update(step, ..)  clip, optimizer step; idempotent: a repeated call for an applied step is a no-op
 
 Where the tensors live is a ``store``: RAM (``MemoryStore``) or files read and written in blocks
@@ -26,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +111,13 @@ class MemoryXShard(ShardCheckpoints):
             raise
         self._pending: dict[str, set[int]] = {n: set() for n in self.names}  # units whose gradient is in
         self._sq_sum: float | None = None  # of this step's gradients, once complete
+        # Each tensor's sum of squares, computed as its gradient completes (memory mode: the disk store
+        # reads every block into one buffer it reuses): at the end of a step the norm then waits only for
+        # the last gradients to arrive, not for a pass over all of them (at GPT-2 d768/L12 ~0.1 s a step).
+        # Summed in the tensors' order all the same, so the bits do not depend on arrival order.
+        eager = isinstance(self.store, MemoryStore)
+        self._norms = ThreadPoolExecutor(1, thread_name_prefix="memoryx-norm") if eager else None
+        self._sq_parts: dict[str, Future[float]] = {}
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
         # While apply_update(step) runs (outside the lock, tensor by tensor): that step, and the tensors
@@ -126,7 +136,7 @@ class MemoryXShard(ShardCheckpoints):
                 self.store.drop(f"{n}.grad.{u}")
             self.store.drop(f"{n}.grad")
             self._pending[n] = set()
-        self._sq_sum = None
+        self._sq_sum, self._sq_parts = None, {}  # a sum still running is for gradients no longer here
 
     def reset(self, generation: int) -> None:
         """Forget the gradients of the step in progress and accept only calls of ``generation`` from now
@@ -139,6 +149,8 @@ class MemoryXShard(ShardCheckpoints):
 
     def close(self) -> None:
         """Disk mode: the files are scratch (checkpoints are the durable copy); remove them."""
+        if self._norms is not None:
+            self._norms.shutdown(wait=False, cancel_futures=True)
         with self._cond:
             self.store.close()
 
@@ -228,6 +240,9 @@ class MemoryXShard(ShardCheckpoints):
             for name, g in grads.items():
                 self.store.put(f"{name}.grad.{unit}", g.astype(np.float32, copy=False))
                 self._pending[name].add(unit)
+                if self._norms is not None and len(self.users[name]) == 1:  # complete: sum it now
+                    blocks = list(self.store.blocks(f"{name}.grad.{unit}"))  # views: kept if dropped
+                    self._sq_parts[name] = self._norms.submit(_sq_sum_of, blocks)
             self._cond.notify_all()
 
     def _complete(self) -> bool:
@@ -279,10 +294,11 @@ class MemoryXShard(ShardCheckpoints):
                     )
                 total = 0.0
                 for n in self.names:
-                    per_tensor = 0.0
-                    for block in self.store.blocks(self._sum_gradient(n)):
-                        per_tensor = add_sq_sum(per_tensor, block)
-                    total += per_tensor
+                    part = self._sq_parts.get(n)
+                    if part is not None:
+                        total += part.result()
+                    else:
+                        total += _sq_sum_of(self.store.blocks(self._sum_gradient(n)))
                 self._sq_sum = total
             return self._sq_sum
 
@@ -348,3 +364,11 @@ class MemoryXShard(ShardCheckpoints):
                 st.disk_bytes(),
             )
         return True
+
+
+def _sq_sum_of(blocks: Iterable[np.ndarray]) -> float:
+    """Sum of squares of a tensor given as its consecutive flat blocks (the store's), in float64."""
+    per_tensor = 0.0
+    for block in blocks:
+        per_tensor = add_sq_sum(per_tensor, block)
+    return per_tensor

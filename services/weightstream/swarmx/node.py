@@ -7,7 +7,9 @@ messages and relays them without decoding (the worker checks the checksums end t
 message goes down as soon as it has arrived, so a tree of depth d costs about one unit's transfer plus d
 messages, not d whole units (store-and-forward, which `weightstream simulate` shows breaking scaling).
 Reduce: each child pushes its gradient of a unit; when all children have, they are summed in child
-order (never arrival order) and pushed upstream as one.
+order (never arrival order) and pushed upstream as one. A node with a single child has nothing to sum:
+on the shared-memory plane it passes the child's header on as it came (``relay_grads``), so the bytes are
+neither mapped nor checked here, only by MemoryX, end to end, as the weights are by the worker.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class Upstream(Protocol):
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterable[Unit]: ...
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
+
+    def relay_grads(self, step: int, unit: int, header: Any) -> None:
+        """Pass on gradients that lie in shared memory: ``header`` names them, their bytes stay put."""
+        ...
 
 
 class _Flight:
@@ -136,11 +142,25 @@ class SwarmNodeLogic:
                 if flight.remaining <= 0 and self._flights.get(key) is flight:
                     del self._flights[key]  # every child has it: forget it, memory stays one unit per pass
 
+    def relay_grads(self, step: int, unit: int, child: int, header: Any) -> None:
+        """A single child's gradients that lie in shared memory, passed upstream as the header that names
+        them: nothing to sum, so nothing to read. The call returns when upstream has accepted them (the
+        child holds its memfd open until then, so the location stays valid for the receiver)."""
+        if self.num_children != 1:
+            raise ValueError(f"a node of {self.num_children} children sums gradients: it cannot relay them")
+        self._check_child(child)
+        with self._lock:
+            self._check_open()
+        self.upstream.relay_grads(step, unit, header)
+
+    def _check_child(self, child: int) -> None:
+        if not 0 <= child < self.num_children:
+            raise ValueError(f"child index {child} out of range 0..{self.num_children - 1}")
+
     def push_grads(self, step: int, unit: int, child: int, grads: Mapping[str, np.ndarray]) -> None:
         """Store one child's gradient; the last child to arrive sums and pushes upstream (its call
         returns when upstream has accepted the sum, so back-pressure reaches the slowest link)."""
-        if not 0 <= child < self.num_children:
-            raise ValueError(f"child index {child} out of range 0..{self.num_children - 1}")
+        self._check_child(child)
         key = (step, unit)
         with self._lock:
             self._check_open()

@@ -28,6 +28,7 @@ from weightstream.transport.rpc import (
     tensors_out_client,
 )
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
+from weightstream.transport.tensors import header_message, references_only
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -104,6 +105,28 @@ class MemoryXUpstream:
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
 
+    def relay_grads(self, step: int, unit: int, header: pb.TensorSetHeader) -> None:
+        """Gradients in shared memory to the shards that own them: each shard gets a header naming its
+        tensors where they lie (the bytes are not touched)."""
+
+        def relay(shard: int, shard_names: list[str]) -> None:
+            mine = set(shard_names)
+            part = pb.TensorSetHeader(
+                head=pb.StreamHead(step=step, unit=unit),
+                tensors=[t for t in header.tensors if t.name in mine],
+            )
+            peer = f"memoryx-{shard} ({self.addresses[shard]})"
+            message = iter([header_message(part)])
+            call(peer, "PushGradients", self.push[shard], message, timeout=self.timeout_s)
+
+        names = [t.name for t in header.tensors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"unit {unit}: a tensor named twice in one push")
+        unknown = [n for n in names if n not in self.plan.tensor_shard]
+        if unknown:
+            raise KeyError(f"gradients for tensors this job does not have: {unknown}")
+        list(self._pool.map(lambda kv: relay(*kv), self._by_shard(names).items()))
+
 
 def _drain(q: queue.SimpleQueue[bytes | BaseException | None], fetch: Callable[[], Iterator[bytes]]) -> None:
     """One shard's stream into ``q``, then None (or the error)."""
@@ -162,6 +185,11 @@ class ParentUpstream:
             timeout=self.timeout_s,
         )
 
+    def relay_grads(self, step: int, unit: int, header: pb.TensorSetHeader) -> None:
+        part = pb.TensorSetHeader(head=pb.StreamHead(step=step, unit=unit, sender=self.slot))
+        part.tensors.extend(header.tensors)
+        call(self.peer, "PushGradients", self.push, iter([header_message(part)]), timeout=self.timeout_s)
+
 
 def build(job: JobSpec) -> SwarmNodeLogic:
     params = load_params(job.params)
@@ -213,6 +241,17 @@ class SwarmXServicer:
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
         tag = shm_tag(self.host.job)
+        if tag is not None and node.num_children == 1:  # nothing to sum: pass shared memory on untouched
+            try:
+                messages = list(request_iterator)  # on this plane: one message, the header
+                relayed = references_only(messages)
+                if relayed is not None:
+                    head, header = relayed
+                    node.relay_grads(head.step, head.unit, head.sender, header)
+                    return pb.Ack()
+            except Exception as e:
+                abort_on_error(context, e)
+            request_iterator = iter(messages)
         return receive_tensors(
             context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g), tag
         )

@@ -31,7 +31,9 @@ __all__ = [
     "bf16_to_f32",
     "checksum",
     "f32_to_bf16",
+    "header_message",
     "read_messages",
+    "references_only",
     "tensor_messages",
     "wire_nbytes",
 ]
@@ -263,3 +265,29 @@ def read_messages(
         raise ProtocolError("empty tensor stream")
     seg.tensors(out)
     return head, out
+
+
+def references_only(messages: list[bytes]) -> tuple[pb.StreamHead, pb.TensorSetHeader] | None:
+    """(head, header) of a stream that is one header whose every tensor lies in shared memory (or has no
+    bytes): what a relay can pass on without touching, or None for any other stream. Checks nothing of
+    the tensors themselves: their receiver does, end to end."""
+    if len(messages) != 1:
+        return None
+    view = memoryview(messages[0])
+    if len(view) < _LEN.size:
+        raise ProtocolError("truncated message")
+    (n,) = _LEN.unpack_from(view)
+    if n == 0 or len(view) != _LEN.size + n:
+        return None
+    header = pb.TensorSetHeader.FromString(view[_LEN.size :])
+    if header.total_bytes or any(t.nbytes and not t.shm_pid for t in header.tensors):
+        return None
+    if not header.HasField("head"):
+        raise ProtocolError("a tensor stream pushed to a role must open with a StreamHead")
+    return header.head, header
+
+
+def header_message(header: pb.TensorSetHeader) -> bytes:
+    """``header`` as a whole stream: the message of a stream whose tensors all lie in shared memory."""
+    head_bytes = header.SerializeToString()
+    return _LEN.pack(len(head_bytes)) + head_bytes

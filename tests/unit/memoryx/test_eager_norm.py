@@ -1,0 +1,102 @@
+"""A MemoryX shard in memory mode computes each tensor's sum of squares as soon as its gradient is complete
+(memoryx/shard.py), so the norm at the end of a step only adds what arrived last; its bits are those of
+the sum over every gradient in the tensors' order, whatever the arrival order or the store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import weightstream.memoryx.shard as shard_module
+from tests.integration.appliance import TINY
+from weightstream.memoryx.shard import MemoryXShard
+from weightstream.numerics.optim import grad_sq_sum
+from weightstream.params import load_params, model_def, optimizer_config
+
+
+def _shard(storage: Path | None = None) -> tuple[MemoryXShard, Any]:
+    p = load_params(TINY)
+    model = model_def(p)
+    opt = optimizer_config(p.optimizer)
+    shard = MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=10, storage_dir=storage)
+    return shard, model
+
+
+def _grads(model: Any, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {n: rng.standard_normal(model.specs[n].shape).astype(np.float32) for n in unit.param_names}
+        for unit in model.units
+    ]
+
+
+def _feed(
+    shard: MemoryXShard, step: int, grads: list[dict[str, np.ndarray]], order: list[int], generation: int = 0
+) -> None:
+    for u in order:
+        shard.add_gradient(step, u, {n: g.copy() for n, g in grads[u].items()}, generation)
+
+
+def test_the_norm_has_the_same_bits_whatever_the_arrival_order_and_the_store(tmp_path: Path) -> None:
+    model = _shard()[1]
+    grads = _grads(model, 3)
+    units = list(range(len(model.units)))
+    expected = 0.0  # every tensor's whole gradient (a tied one's parts added in unit order), in order
+    for n in model.specs:
+        parts = [grads[u][n] for u in units if n in grads[u]]
+        whole = parts[0].copy()
+        for p in parts[1:]:
+            whole += p
+        expected += grad_sq_sum(whole)
+    sums = []
+    for storage, order in ((None, units), (None, units[::-1]), (tmp_path / "disk", units)):
+        shard, _ = _shard(storage)
+        _feed(shard, 0, grads, order)
+        sums.append(shard.grad_sq_sum(0))
+        shard.close()
+    assert sums == [expected] * 3
+
+
+def test_each_complete_gradient_is_summed_in_the_background_before_the_norm_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shard, model = _shard()
+    done: list[str] = []  # the thread each sum of squares ran in
+    original = shard_module._sq_sum_of
+
+    def recorded(blocks: Any) -> float:
+        out = original(blocks)
+        done.append(threading.current_thread().name)
+        return out
+
+    monkeypatch.setattr(shard_module, "_sq_sum_of", recorded)
+    users = {n: sum(n in unit.param_names for unit in model.units) for n in model.specs}
+    single = sum(1 for k in users.values() if k == 1)
+    assert single < len(users)  # TINY ties its embedding: one tensor has two units' parts
+    _feed(shard, 0, _grads(model, 4), list(range(len(model.units))))
+    deadline = time.monotonic() + 10
+    while len(done) < single and time.monotonic() < deadline:  # nobody has asked for the norm yet
+        time.sleep(0.01)
+    assert len(done) == single and all(t.startswith("memoryx-norm") for t in done)
+    shard.grad_sq_sum(0)
+    assert len(done) == len(users)  # the tied tensor's parts are summed, then squared, when asked
+    shard.close()
+
+
+def test_sums_of_an_interrupted_step_are_not_used_after_a_reset() -> None:
+    shard, model = _shard()
+    order = list(range(len(model.units)))
+    _feed(shard, 0, _grads(model, 5), order)  # the attempt a fault interrupts
+    shard.reset(1)
+    again = _grads(model, 6)
+    _feed(shard, 0, again, order, generation=1)
+    fresh, _ = _shard()
+    _feed(fresh, 0, again, order)
+    assert shard.grad_sq_sum(0, generation=1) == fresh.grad_sq_sum(0)
+    shard.close()
+    fresh.close()
