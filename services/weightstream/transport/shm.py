@@ -145,23 +145,31 @@ def _map(fd: int, size: int, pid: int, origin_fd: int, writable: bool) -> np.nda
     return np.frombuffer(view if writable else view.toreadonly(), dtype=np.uint8)
 
 
-def attach(pid: int, fd: int, tag: str) -> np.ndarray:
-    """Read-only uint8 view of the whole of process ``pid``'s memfd ``fd``, which must carry this job's
-    ``tag``. Errors name the memfd; no fd is left open (the mapping keeps the memory)."""
+def _open(pid: int, fd: int, tag: str) -> int:
+    """An fd of process ``pid``'s memfd ``fd``, which must carry this job's ``tag``; errors name it."""
     where = f"/proc/{pid}/fd/{fd}"
     try:
         target = os.readlink(where)
         if not target.startswith(f"/memfd:{_PREFIX}{tag} "):
             raise ProtocolError(f"shared memory {where} is not one of this job's memfds ({target!r})")
-        handle = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(where, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise ProtocolError(
             f"cannot open shared memory {where}: {e.strerror} (are the roles on one host? "
             "runconfig.data_plane: grpc sends the bytes over gRPC instead)"
         ) from e
+
+
+def _map_whole(handle: int, size: int, pid: int, fd: int) -> np.ndarray:
+    return _map(handle, size, pid, fd, writable=False) if size else np.empty(0, dtype=np.uint8)
+
+
+def attach(pid: int, fd: int, tag: str) -> np.ndarray:
+    """Read-only uint8 view of the whole of process ``pid``'s memfd ``fd``, which must carry this job's
+    ``tag``. Errors name the memfd; no fd is left open (the mapping keeps the memory)."""
+    handle = _open(pid, fd, tag)
     try:
-        size = os.fstat(handle).st_size
-        return _map(handle, size, pid, fd, writable=False) if size else np.empty(0, dtype=np.uint8)
+        return _map_whole(handle, os.fstat(handle).st_size, pid, fd)
     finally:
         os.close(handle)
 

@@ -22,6 +22,7 @@ from crc32c import crc32c
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import ChecksumError, ProtocolError
 from weightstream.transport.shm import attach, locate
+from weightstream.transport.shm_cache import MappingCache
 
 __all__ = [
     "CHUNK_BYTES",
@@ -194,9 +195,13 @@ def _payload_chunks(views: list[memoryview]) -> Iterator[list[memoryview | bytes
 
 class _Segment:
     def __init__(
-        self, header: pb.TensorSetHeader, shm_tag: str | None, maps: dict[tuple[int, int], np.ndarray]
+        self,
+        header: pb.TensorSetHeader,
+        shm_tag: str | None,
+        maps: dict[tuple[int, int], np.ndarray],
+        cache: MappingCache | None,
     ) -> None:
-        self.header, self.shm_tag, self.maps = header, shm_tag, maps
+        self.header, self.shm_tag, self.maps, self.cache = header, shm_tag, maps, cache
         raw = np.empty(header.total_bytes + _ALIGN, dtype=np.uint8)
         start = -raw.ctypes.data % _ALIGN
         self.buf = raw[start : start + header.total_bytes]  # aligned, so every tensor's view is too
@@ -215,7 +220,8 @@ class _Segment:
             raise ProtocolError(f"tensor {h.name!r} is in shared memory, which this stream may not use")
         key = (h.shm_pid, h.shm_fd)
         if key not in self.maps:
-            self.maps[key] = attach(h.shm_pid, h.shm_fd, self.shm_tag)
+            get = self.cache.attach if self.cache is not None else attach
+            self.maps[key] = get(h.shm_pid, h.shm_fd, self.shm_tag)
         whole = self.maps[key]
         if h.offset + h.nbytes > len(whole):
             raise ProtocolError(f"tensor {h.name!r}: extends past its shared memory ({len(whole)} bytes)")
@@ -237,11 +243,12 @@ class _Segment:
 
 
 def read_messages(
-    messages: Iterable[bytes], shm_tag: str | None = None
+    messages: Iterable[bytes], shm_tag: str | None = None, cache: MappingCache | None = None
 ) -> tuple[pb.StreamHead | None, dict[str, np.ndarray]]:
     """Assemble a tensor stream (one or more segments) into (head or None, {name: array}), checking
     every checksum. Arrays are views into one aligned buffer per segment, or with ``shm_tag`` (this job's
-    memfd tag: the receiver is on the shared-memory plane) read-only views of the senders' memfds."""
+    memfd tag: the receiver is on the shared-memory plane) read-only views of the senders' memfds, mapped
+    through ``cache`` where given (mappings kept from call to call: ``MappingCache``)."""
     head: pb.StreamHead | None = None
     out: dict[str, np.ndarray] = {}
     seg: _Segment | None = None
@@ -257,7 +264,7 @@ def read_messages(
             header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
             if head is None and header.HasField("head"):
                 head = header.head
-            seg = _Segment(header, shm_tag, maps)
+            seg = _Segment(header, shm_tag, maps, cache)
         elif seg is None:
             raise ProtocolError("payload before any header")
         seg.add(view[_LEN.size + n :])

@@ -26,6 +26,7 @@ from weightstream.transport.rpc import (
     tensors_out_client,
 )
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
+from weightstream.transport.shm_cache import MappingCache
 from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
@@ -51,15 +52,18 @@ class SwarmParent:
         shm_tag: str | None = None,
         assemble: Callable[[Tensors], Tensors] | None = None,
         kept_bytes: int = 0,
+        kept_mappings: int = 0,
     ) -> None:
         """``shm_tag``: the job's memfd tag on the shared-memory plane: weights are mapped from MemoryX and
         gradients leave in memfds (transport/shm.py). ``assemble``: turns what arrives into what the
         units take (sparse weights: ``SparseAssembler``). ``kept_bytes``: how many bytes of gradient memfds
-        to keep from step to step on that plane (``KEPT_GRADIENT_BYTES``)."""
+        to keep from step to step on that plane (``KEPT_GRADIENT_BYTES``). ``kept_mappings``: how many
+        mappings of MemoryX's weight memfds to keep from fetch to fetch on that plane (``MappingCache``)."""
         self.shm_tag, self.assemble = shm_tag, assemble
         self.arena = SharedArena(shm_tag) if shm_tag is not None else None
         # each unit's gradients go into a memfd kept from step to step (transport/shm.py's KeptScratch)
         self.kept = KeptScratch(self.arena, kept_bytes) if self.arena is not None and kept_bytes else None
+        self.maps = MappingCache(kept_mappings) if shm_tag is not None and kept_mappings else None
         channel = open_channel(address, token, generation)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
@@ -70,7 +74,7 @@ class SwarmParent:
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         req = pb.UnitRequest(step=step, unit=unit, phase=phase)
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
-        tensors = read_messages(stream(self.peer, "GetUnit", it), self.shm_tag)[1]
+        tensors = read_messages(stream(self.peer, "GetUnit", it), self.shm_tag, self.maps)[1]
         self._counted(tensors.values())
         return self.assemble(tensors) if self.assemble is not None else tensors
 
@@ -128,8 +132,10 @@ def build(job: JobSpec) -> WorkerEngine:
         job.generation,
         shm_tag(job),
         SparseAssembler(model) if params.sparsity is not None else None,
-        # a memory budget bounds what the worker holds: kept gradient memfds would stay outside it
+        # a memory budget bounds what the worker holds: kept gradient memfds and kept mappings of the
+        # weights (every weight's pages, as they count in its resident memory) would stay outside it
         KEPT_GRADIENT_BYTES[rc.memoryx_storage] if rc.worker_memory_mb is None else 0,
+        2 * len(model.specs) if rc.worker_memory_mb is None else 0,  # weights and sparse indexes
     )
     address, name = job.addresses["activation"][act], f"activation-{act}"
     batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)
