@@ -134,7 +134,8 @@ class MemoryXShard(ShardCheckpoints):
         for n in self.names:
             for u in self._pending[n]:
                 self.store.drop(f"{n}.grad.{u}")
-            self.store.drop(f"{n}.grad")
+            if not isinstance(self.store, MemoryStore):  # in RAM the sum's buffer is kept (_sum_gradient)
+                self.store.drop(f"{n}.grad")
             self._pending[n] = set()
         self._sq_sum, self._sq_parts = None, {}  # a sum still running is for gradients no longer here
 
@@ -259,11 +260,15 @@ class MemoryXShard(ShardCheckpoints):
         parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
         if len(parts) == 1:
             return key
-        self.store.zeros(key, self._shape(n))
+        # In RAM the buffer of the sum stays from step to step: a fresh one cost page faults and zeroing
+        # on the step's critical path (the tied embedding's parts are complete only with the last push)
+        kept = isinstance(self.store, MemoryStore) and self.store.shapes.get(key) == self._shape(n)
+        if not kept:
+            self.store.zeros(key, self._shape(n))
 
         def add(blocks: list[np.ndarray]) -> None:
-            total, first, *rest = blocks
-            total[...] = first
+            total, first, second, *rest = blocks
+            np.add(first, second, out=total)  # one pass: the bits of total = first; total += second
             for p in rest:
                 total += p
 

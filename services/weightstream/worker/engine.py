@@ -108,10 +108,17 @@ class WorkerEngine:
             raise RuntimeError(f"worker {self.index} was reconfigured: this step's attempt is abandoned")
 
     def _stream(
-        self, step: int, order: list[int], phase: int, clock: list[float]
+        self,
+        step: int,
+        order: list[int],
+        phase: int,
+        clock: list[float],
+        first: Future[Tensors] | None = None,
     ) -> Iterator[tuple[int, Tensors]]:
-        """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one."""
-        nxt: Future[Tensors] | None = self._fetch.submit(self.units.get_unit, step, order[0], phase)
+        """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one.
+        ``first``: the fetch of ``order[0]``, if already under way."""
+        nxt = first or self._fetch.submit(self.units.get_unit, step, order[0], phase)
+        del first  # a future holds its result: only ``nxt`` may, or the unit would outlive its use
         for i, u in enumerate(order):
             assert nxt is not None
             self._check_open()
@@ -133,6 +140,9 @@ class WorkerEngine:
         micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
         t_start = time.perf_counter()
         wait = [0.0]
+        # the first unit's weights are asked for first: at a step's start they wait for MemoryX to update
+        # them, and the batch arrives meanwhile
+        unit0 = self._fetch.submit(self.units.get_unit, step, 0, FORWARD)
         # denom: the global batch's loss denominator (counted tokens: the shard alone cannot tell them)
         x, y, denom = self.batches.get("train", step, self.index, self.num_workers)
         m = self.micro_batch or len(x)
@@ -145,7 +155,9 @@ class WorkerEngine:
         resident: dict[int, Tensors] = {}
         kept = self.weight_bytes
         last_params: Tensors = {}
-        for u, params in self._stream(step, list(range(n_units)), FORWARD, wait):
+        forward = self._stream(step, list(range(n_units)), FORWARD, wait, unit0)
+        del unit0  # the generator has it (a future holds its result: unit 0 must not live on here)
+        for u, params in forward:
             if u == n_units - 1:
                 last_params = params
             if self.pipelined:  # keep the weights for backward: one transfer per unit per step

@@ -149,6 +149,34 @@ def test_units_stream_forward_then_backward_reusing_the_last_one() -> None:
     assert units.fetches == forward + backward
 
 
+def test_the_first_units_weights_are_asked_for_before_the_batch() -> None:
+    """At a step's start the first unit waits for MemoryX's update: its fetch goes out first, and the
+    batch arrives meanwhile instead of before it is even asked for."""
+    order: list[str] = []
+    units, batches = FakeUnits(WEIGHTS), FakeBatches()
+    asked = threading.Event()
+    get_unit, get_batch = units.get_unit, batches.get
+
+    def unit(step: int, u: int, phase: int) -> Tensors:
+        if not order:
+            order.append("unit")
+            asked.set()
+        return get_unit(step, u, phase)
+
+    def batch(*args: Any) -> Any:
+        assert asked.wait(10), "the batch was asked for while no unit had been"
+        order.append("batch")
+        return get_batch(*args)
+
+    units.get_unit, batches.get = unit, batch  # type: ignore[method-assign]
+    engine = WorkerEngine(MODEL, 0, WORKERS, units, batches)
+    try:
+        engine.run_step(STEP)
+    finally:
+        engine.close()
+    assert order == ["unit", "batch"]
+
+
 def test_gradients_go_up_once_per_unit_in_backward_order_one_per_use_of_the_tied_embedding() -> None:
     """Each unit pushes the gradient of exactly its own parameters, head first. The tied embedding is
     in two pushes (head and embedding, each its own contribution, not filtered by ownership): the
