@@ -5,7 +5,6 @@ and nothing leaks."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 from pathlib import Path
@@ -13,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.role_jobs import tiny_role_job
 from weightstream.params import load_params, model_def
-from weightstream.plan import JobSpec, make_plan
+from weightstream.plan import make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import shm_tag
 from weightstream.swarmx import service as swarmx_service
@@ -152,22 +151,7 @@ def test_workers_keep_gradient_memfds_only_over_the_memory_store_without_a_budge
     its disk store they would be the worker's alone, so the worker keeps none; nor with a worker memory
     budget (``worker_memory_mb``), which kept memfds would stay outside. The worker role as Configure
     builds it."""
-    raw = json.loads(json.dumps(TINY))
-    raw["runconfig"].update(
-        model_dir=str(tmp_path / "model"), memoryx_storage=storage, worker_memory_mb=budget_mb
-    )
-    params = load_params(raw)
-    plan = make_plan(params)
-    addresses = {"swarmx": ["127.0.0.1:1"] * len(plan.worker_parent), "activation": ["127.0.0.1:1"] * 4}
-    job = JobSpec(
-        params.model_dump(mode="json"),
-        plan.to_dict(),
-        addresses,
-        "worker",
-        0,
-        credential="c" * 64,
-        shared_memory=True,
-    )
+    job = tiny_role_job(tmp_path, "worker", memoryx_storage=storage, worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
     kept = engine.units.kept
     assert (kept is not None) is keeps
@@ -221,21 +205,9 @@ def test_the_swarmx_root_keeps_a_memfd_per_unit_and_shard_for_its_sums(
 ) -> None:
     """With two workers the root SwarmX node sums their gradients and sends the sum to MemoryX: into a
     memfd kept for (unit, shard) over the memory store, a fresh one over the disk store."""
-    raw = json.loads(json.dumps(TINY))
-    raw["runconfig"].update(model_dir=str(tmp_path / "model"), memoryx_storage=storage, num_csx=2)
-    params = load_params(raw)
+    job = tiny_role_job(tmp_path, "swarmx", memoryx_storage=storage, num_csx=2)
+    params = load_params(job.params)
     plan = make_plan(params)
-    nowhere = "127.0.0.1:1"  # nothing is called there: the pushes go to the receiver below
-    addresses = {"memoryx": [nowhere] * plan.num_wgt_servers, "swarmx": [nowhere] * len(plan.swarm)}
-    job = JobSpec(
-        params.model_dump(mode="json"),
-        plan.to_dict(),
-        addresses,
-        "swarmx",
-        plan.root,
-        credential="c" * 64,
-        shared_memory=True,
-    )
     logic = swarmx_service.build(job)
     assert (logic.upstream.kept is not None) is keeps
     received: list[tuple[int, float]] = []

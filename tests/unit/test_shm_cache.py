@@ -5,7 +5,6 @@ workers without a memory budget keep them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,7 @@ import numpy as np
 import pytest
 
 import weightstream.transport.shm as shm_module
-from tests.integration.appliance import TINY
-from weightstream.params import load_params
-from weightstream.plan import JobSpec, make_plan
+from tests.role_jobs import tiny_role_job
 from weightstream.role import shm_tag
 from weightstream.transport.errors import ChecksumError, ProtocolError
 from weightstream.transport.shm import REFERENCES_ONLY, SharedArena, job_tag, locate
@@ -124,20 +121,7 @@ def test_workers_keep_weight_mappings_only_without_a_memory_budget(
 ) -> None:
     """Kept mappings' pages count in the worker's resident memory: a worker with ``worker_memory_mb``
     keeps none, so what it holds stays one unit or two, as the budget assumes."""
-    raw = json.loads(json.dumps(TINY))
-    raw["runconfig"].update(model_dir=str(tmp_path / "model"), worker_memory_mb=budget_mb)
-    params = load_params(raw)
-    plan = make_plan(params)
-    addresses = {"swarmx": ["127.0.0.1:1"] * len(plan.worker_parent), "activation": ["127.0.0.1:1"] * 4}
-    job = JobSpec(
-        params.model_dump(mode="json"),
-        plan.to_dict(),
-        addresses,
-        "worker",
-        0,
-        credential="c" * 64,
-        shared_memory=True,
-    )
+    job = tiny_role_job(tmp_path, "worker", worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
     cache = engine.units.maps
     assert (cache is not None) is keeps

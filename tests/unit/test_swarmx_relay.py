@@ -4,7 +4,6 @@ checksums, SwarmX never maps or reads the bytes, and the check stays end to end,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import weightstream.transport.tensors as tensors_module
-from tests.integration.appliance import TINY
+from tests.role_jobs import tiny_role_job
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -35,22 +34,10 @@ class _Context:
 def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[int, list[bytes]]]:
     """A configured SwarmX root of a TINY job on the shared-memory plane whose pushes to MemoryX land in
     the returned lists (one per shard), and the model."""
-    raw = json.loads(json.dumps(TINY))
-    raw["runconfig"].update(model_dir=str(tmp_path / "model"), num_csx=num_csx)
-    params = load_params(raw)
+    job = tiny_role_job(tmp_path, "swarmx", num_csx=num_csx)
+    params = load_params(job.params)
     plan = make_plan(params)
     assert plan.num_wgt_servers == 2  # a unit's tensors may go to two shards
-    nowhere = "127.0.0.1:1"  # nothing is called there: the pushes go to the receivers below
-    addresses = {"memoryx": [nowhere] * plan.num_wgt_servers, "swarmx": [nowhere] * len(plan.swarm)}
-    job = JobSpec(
-        params.model_dump(mode="json"),
-        plan.to_dict(),
-        addresses,
-        "swarmx",
-        plan.root,
-        credential="c" * 64,
-        shared_memory=True,
-    )
     host = RoleHost("swarmx", swarmx_service.build, "c" * 64)
     host.configure(job)
     received: dict[int, list[bytes]] = {s: [] for s in range(plan.num_wgt_servers)}

@@ -1,0 +1,34 @@
+"""A role's configuration for a TINY job on the shared-memory plane, as Configure gives it, every peer's
+address pointing nowhere: the tests that build a role this way replace the calls it makes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.integration.appliance import TINY
+from weightstream.params import load_params
+from weightstream.plan import JobSpec, make_plan
+
+CREDENTIAL = "c" * 64
+NOWHERE = "127.0.0.1:1"  # nothing listens there
+
+
+def tiny_role_job(tmp: Path, role: str, **runconfig: Any) -> JobSpec:
+    """The JobSpec of ``role`` (worker 0, or the SwarmX root) of TINY with ``runconfig`` on top."""
+    raw = json.loads(json.dumps(TINY))
+    raw["runconfig"].update(model_dir=str(tmp / "model"), **runconfig)
+    params = load_params(raw)
+    plan = make_plan(params)
+    addresses = {kind: [NOWHERE] * n for kind, n in plan.counts().items()}
+    index = plan.root if role == "swarmx" else 0
+    return JobSpec(
+        params.model_dump(mode="json"),
+        plan.to_dict(),
+        addresses,
+        role,
+        index,
+        credential=CREDENTIAL,
+        shared_memory=True,
+    )
