@@ -115,8 +115,8 @@ class MemoryXShard(ShardCheckpoints):
         # reads every block into one buffer it reuses): at the end of a step the norm then waits only for
         # the last gradients to arrive, not for a pass over all of them (at GPT-2 d768/L12 ~0.1 s a step).
         # Summed in the tensors' order all the same, so the bits do not depend on arrival order.
-        eager = isinstance(self.store, MemoryStore)
-        self._norms = ThreadPoolExecutor(1, thread_name_prefix="memoryx-norm") if eager else None
+        self._in_ram = isinstance(self.store, MemoryStore)
+        self._norms = ThreadPoolExecutor(1, thread_name_prefix="memoryx-norm") if self._in_ram else None
         self._sq_parts: dict[str, Future[float]] = {}
         self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
@@ -134,7 +134,7 @@ class MemoryXShard(ShardCheckpoints):
         for n in self.names:
             for u in self._pending[n]:
                 self.store.drop(f"{n}.grad.{u}")
-            if not isinstance(self.store, MemoryStore):  # in RAM the sum's buffer is kept (_sum_gradient)
+            if not self._in_ram:  # in RAM the sum's buffer is kept for the next step (_sum_gradient)
                 self.store.drop(f"{n}.grad")
             self._pending[n] = set()
         self._sq_sum, self._sq_parts = None, {}  # a sum still running is for gradients no longer here
@@ -260,10 +260,10 @@ class MemoryXShard(ShardCheckpoints):
         parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
         if len(parts) == 1:
             return key
-        # In RAM the buffer of the sum stays from step to step: a fresh one cost page faults and zeroing
-        # on the step's critical path (the tied embedding's parts are complete only with the last push)
-        kept = isinstance(self.store, MemoryStore) and self.store.shapes.get(key) == self._shape(n)
-        if not kept:
+        # In RAM the buffer of the sum stays from step to step (``_drop_gradients`` keeps it): a fresh one
+        # cost page faults and zeroing on the step's critical path (the tied embedding's parts are
+        # complete only with the last push)
+        if self.store.shapes.get(key) != self._shape(n):
             self.store.zeros(key, self._shape(n))
 
         def add(blocks: list[np.ndarray]) -> None:
