@@ -19,6 +19,7 @@ from weightstream.transport.rpc import (
     add_service,
     call,
     open_channel,
+    push_header,
     push_tensors,
     receive_tensors,
     stream,
@@ -28,7 +29,7 @@ from weightstream.transport.rpc import (
     tensors_out_client,
 )
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
-from weightstream.transport.tensors import header_message, references_only
+from weightstream.transport.tensors import references_only
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
 
@@ -116,8 +117,7 @@ class MemoryXUpstream:
                 tensors=[t for t in header.tensors if t.name in mine],
             )
             peer = f"memoryx-{shard} ({self.addresses[shard]})"
-            message = iter([header_message(part)])
-            call(peer, "PushGradients", self.push[shard], message, timeout=self.timeout_s)
+            push_header(peer, self.push[shard], part, timeout=self.timeout_s)
 
         names = [t.name for t in header.tensors]
         if len(set(names)) != len(names):
@@ -188,7 +188,7 @@ class ParentUpstream:
     def relay_grads(self, step: int, unit: int, header: pb.TensorSetHeader) -> None:
         part = pb.TensorSetHeader(head=pb.StreamHead(step=step, unit=unit, sender=self.slot))
         part.tensors.extend(header.tensors)
-        call(self.peer, "PushGradients", self.push, iter([header_message(part)]), timeout=self.timeout_s)
+        push_header(self.peer, self.push, part, timeout=self.timeout_s)
 
 
 def build(job: JobSpec) -> SwarmNodeLogic:

@@ -14,7 +14,7 @@ from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
 from weightstream.transport.shm import KeptScratch, SharedArena, scratch
-from weightstream.transport.tensors import NamedTensor, read_messages, tensor_messages
+from weightstream.transport.tensors import NamedTensor, header_message, read_messages, tensor_messages
 
 __all__ = [
     "OPTIONS",
@@ -23,6 +23,7 @@ __all__ = [
     "call",
     "create_server",
     "open_channel",
+    "push_header",
     "push_tensors",
     "receive_tensors",
     "stream",
@@ -114,6 +115,12 @@ def push_tensors(
     lease = kept.lease(key) if kept is not None and arena is not None else scratch(arena)
     with lease as shm:
         call(peer, "PushGradients", fn, tensor_messages(tensors, head, bf16, shm=shm), timeout=timeout)
+
+
+def push_header(peer: str, fn: Callable[..., Any], header: pb.TensorSetHeader, *, timeout: float) -> None:
+    """Push a stream that is ``header`` alone, its tensors lying in shared memory (a relay passing on
+    gradients it never read: ``transport.tensors.references_only``)."""
+    call(peer, "PushGradients", fn, iter([header_message(header)]), timeout=timeout)
 
 
 def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
