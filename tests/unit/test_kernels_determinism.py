@@ -15,6 +15,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
 from tests.model_checks import digest_with_threads, step_digest
+from weightstream.backends.environment import role_env
 from weightstream.numerics import (
     GPT2Config,
     LlamaConfig,
@@ -177,7 +178,7 @@ def test_matmul_parts_bias_and_column_sums(
 
 _FAULTS_CHILD = textwrap.dedent(
     """
-    import resource
+    import resource, sys, threading
     import numpy as np
     from weightstream.numerics._memory import retain_freed_memory
     retain_freed_memory()
@@ -185,10 +186,17 @@ _FAULTS_CHILD = textwrap.dedent(
     def step():
         arrays = [np.ones(s // 4, dtype=np.float32) for s in sizes]  # touches every page
         del arrays
-    step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    def two_steps():
+        step()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        step()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    if sys.argv[1] == "thread":  # as a worker computes: on a thread of its own, not the main one
+        t = threading.Thread(target=two_steps)
+        t.start()
+        t.join()
+    else:
+        two_steps()
     """
 )
 
@@ -199,9 +207,22 @@ def test_freed_activations_are_reused_without_page_faults() -> None:
     Without retain_freed_memory glibc trims or unmaps them and the second step faults ~30k pages in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run(
-        [sys.executable, "-c", _FAULTS_CHILD], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _FAULTS_CHILD, "main"], env=env, capture_output=True, text=True, check=True
     )
     assert int(out.stdout) < 500
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_a_worker_thread_reuses_freed_activations_under_the_role_environment() -> None:
+    """The same on a thread other than the main one, in a role's environment (backends/environment.py):
+    with more than one malloc arena the thread gets one of its own, whose heaps glibc unmaps once wholly
+    free, and the second step faults its activations in again (~800 faults of mostly 2 MiB pages here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update({k: v for k, v in role_env("worker", 2).items() if k.startswith("MALLOC_")})
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_CHILD, "thread"], env=env, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) < 100
 
 
 def test_a_stalled_thread_does_not_hold_back_the_other_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
