@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose
+from numpy.testing import assert_allclose, assert_array_equal
 
 from weightstream.numerics import layers as L
 
@@ -167,6 +167,23 @@ def test_cross_entropy_denominator_splits_exactly(rng) -> None:
     assert_allclose(sum(p[0] for p in parts), loss, rtol=1e-12)
     shard_grads = [L.cross_entropy_backward(p[1], (2, 3, V)) for p in parts]
     assert_allclose(np.concatenate(shard_grads), grad, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_in_place_is_the_same_bits_over_the_logits(dtype, rng) -> None:
+    """``in_place`` writes the probabilities, then the gradient, over the logits (no buffer of its own)
+    and changes no bit of the loss or the gradient, padding (-1) targets included."""
+    logits = (rng.standard_normal((B, T, V)) * 3).astype(dtype)
+    targets = rng.integers(0, V, (B, T))
+    targets[0, :2] = -1
+    loss, saved = L.cross_entropy_forward(logits.copy(), targets, denom=7.0)
+    grad = L.cross_entropy_backward(saved, logits.shape)
+    overwritten = logits.copy()
+    loss_in_place, saved = L.cross_entropy_forward(overwritten, targets, denom=7.0, in_place=True)
+    grad_in_place = L.cross_entropy_backward(saved, logits.shape)
+    assert loss_in_place == loss
+    assert_array_equal(grad_in_place, grad)
+    assert np.shares_memory(grad_in_place, overwritten)
 
 
 def test_attention_is_causal(rng) -> None:

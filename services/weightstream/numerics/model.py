@@ -162,7 +162,7 @@ def forward_loss(
     x = inputs
     for unit in model.units:
         x, _ = unit.forward(params, x)
-    loss, _ = cross_entropy_forward(x, targets, denom)
+    loss, _ = cross_entropy_forward(x, targets, denom, in_place=True)
     return loss
 
 
@@ -180,7 +180,7 @@ def forward_backward(
     for unit in model.units:
         x, s = unit.forward(params, x)
         saved.append(s)
-    loss, ce = cross_entropy_forward(x, targets, denom)
+    loss, ce = cross_entropy_forward(x, targets, denom, in_place=True)  # the logits are not needed after
     dy: np.ndarray | None = cross_entropy_backward(ce, x.shape)
     grads: dict[str, np.ndarray] = {}
     for unit, s in zip(reversed(model.units), reversed(saved), strict=True):

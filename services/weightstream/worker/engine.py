@@ -179,7 +179,7 @@ class WorkerEngine:
         loss = 0.0
         dys: list[np.ndarray | None] = []
         for xk, yk in zip(xs, ys, strict=True):
-            part, ce = cross_entropy_forward(xk, yk, denom)
+            part, ce = cross_entropy_forward(xk, yk, denom, in_place=True)
             loss += part
             dys.append(cross_entropy_backward(ce, xk.shape))
         del xs, ce
@@ -234,7 +234,8 @@ class WorkerEngine:
             xs = [self.model.units[u].forward(params, x)[0] for x in xs]
             del params
         return sum(
-            cross_entropy_forward(x, y, denom)[0] for x, (_, y, denom) in zip(xs, batches, strict=True)
+            cross_entropy_forward(x, y, denom, in_place=True)[0]
+            for x, (_, y, denom) in zip(xs, batches, strict=True)
         )
 
 
