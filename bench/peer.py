@@ -81,6 +81,9 @@ def params_dict(a: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             "num_hidden_layers": a.layers,
             "num_heads": a.heads,
             "max_position_embeddings": a.seq,
+            # GPT-2's own (Hugging Face's gelu_new), the tanh form the PyTorch peer computes; ModelZoo's
+            # default would be the exact erf GELU, a different model (and a slower one here)
+            "nonlinearity": "gelu_new",
         },
         "optimizer": {
             "optimizer_type": "adamw",

@@ -111,3 +111,34 @@ def test_appliance_steps_are_timed_from_its_running_average(bench: ModuleType) -
     assert got["step_interval_s"] == pytest.approx(2.0)  # median of the steps after the first 2
     assert got["tokens_per_second"] == pytest.approx(50.0)
     assert got["logged_tokens_per_second"] == pytest.approx(400 / 16.5)  # the running average's median
+
+
+def test_the_torch_peer_computes_the_appliances_model(bench: ModuleType, tmp_path: Path) -> None:
+    """Same weights in, same logits out: the peer is the model the appliance trains (GPT-2's tanh GELU,
+    not ModelZoo's default exact one). The MLP weights are scaled up so that GELU sees inputs of order 1,
+    where its two forms differ by ~1e-3: the logits then differ by ~3e-5 between the two, by ~3e-7 (float32
+    sums in another order) between equal models."""
+    import argparse
+
+    import numpy as np
+    import torch
+
+    from weightstream.numerics import init_params
+    from weightstream.params import load_params, model_def
+
+    a = argparse.Namespace(hidden=64, layers=2, heads=2, vocab=512, seq=32, batch=4, steps=1)
+    raw = bench.params_dict(a, tmp_path)
+    md = model_def(load_params(raw))
+    w = init_params(md, raw["runconfig"]["seed"])
+    for name in w:
+        if name.endswith("mlp.c_fc.weight"):
+            w[name] *= 40.0  # GELU inputs ~N(0, 1.5^2)
+    peer = bench.torch_model(raw)
+    peer.load_weightstream(w)
+    ids = np.random.default_rng(0).integers(0, a.vocab, (2, a.seq))
+    x: Any = ids
+    for unit in md.units:
+        x, _ = unit.forward(w, x)
+    with torch.no_grad():
+        want = peer(torch.from_numpy(ids)).numpy()
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)
