@@ -1,0 +1,56 @@
+"""bench/streaming.py end to end in a tiny config: its one JSON line, the keys issue 12 names, and the
+overhead ratio as the median of interleaved (reference, appliance) pairs."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.bench_module import load_bench
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "streaming.py"
+TINY = ["--hidden", "64", "--layers", "2", "--seq", "32", "--batch", "4", "--vocab", "512", "--steps", "3"]
+
+
+def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *TINY, "--bw-hidden", "64", "--repeats", "1", "--pairs", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # the JSON line alone on stdout
+    out: dict[str, Any] = json.loads(lines[0])
+    assert out["bench"] == "streaming" and out["config"]["pairs"] == 3
+    pairs = out["streaming_overhead_pairs"]
+    assert len(pairs) == 3 and all(math.isfinite(x) and x > 0 for x in pairs)
+    assert out["streaming_overhead_ratio"] == round(statistics.median(pairs), 3)
+    ref, one = out["reference_step_s"], out["appliance_step_s_num_csx_1"]
+    assert ref > 0 and one > 0
+    assert min(pairs) <= round(one / ref, 3) * 1.01 and max(pairs) >= round(one / ref, 3) * 0.99
+    tokens = 4 * 32
+    tps = out["tokens_per_second"]  # from the unrounded step times, which the JSON rounds to 0.1 ms
+    assert math.isclose(tps["num_csx_1"], tokens / one, rel_tol=0.01)
+    assert math.isclose(tps["reference"], tokens / ref, rel_tol=0.02)
+    assert tps["num_csx_2"] > 0
+    bw = out["bandwidth_gbps"]
+    assert "raw_grpc_loopback" in bw and any("swarmx" in k for k in bw)
+    assert all(v > 0 for v in bw.values())
+    want = bw["memoryx_via_swarmx"] / bw["raw_grpc_loopback"]  # from the rounded figures
+    assert math.isclose(out["bandwidth_ratio_swarmx_over_raw"], want, rel_tol=0.02, abs_tol=2e-3)
+
+
+def test_the_overhead_is_the_median_of_the_pairs_ratios() -> None:
+    """Not the ratio of the medians (3.1 / 2.0 here): each ratio pairs two runs side by side."""
+    overhead = load_bench("streaming").overhead
+    ratio, pairs = overhead([1.0, 2.0, 3.0], [3.0, 2.2, 3.1])
+    assert pairs == [3.0, 2.2 / 2.0, 3.1 / 3.0]
+    assert ratio == 2.2 / 2.0
