@@ -3,38 +3,23 @@ PyTorch peer trains the same model on the same data as the appliance (the losses
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.bench_module import load_bench
+from tests.bench_module import load_bench, run_bench_json
 
 pytest.importorskip("torch")
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "peer.py"
 TINY = ["--hidden", "64", "--layers", "2", "--heads", "2", "--vocab", "512", "--seq", "32", "--batch", "4"]
 FIGURES = ("torch_eager", "weightstream_num_csx_1", "torch_ddp_2", "weightstream_num_csx_2")
 
 
 def run_bench(tmp_path: Path, *extra: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), *TINY, "--steps", "3", *extra],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 1, proc.stdout  # the JSON line alone on stdout, progress on stderr
-    out: dict[str, Any] = json.loads(lines[0])
-    return out
+    return run_bench_json("peer", [*TINY, "--steps", "3", *extra], tmp_path, timeout=120)
 
 
 @pytest.fixture(scope="module")

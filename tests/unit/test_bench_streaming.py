@@ -3,32 +3,18 @@ overhead ratio as the median of interleaved (reference, appliance) pairs."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-from tests.bench_module import load_bench
+from tests.bench_module import load_bench, run_bench_json
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "streaming.py"
 TINY = ["--hidden", "64", "--layers", "2", "--seq", "32", "--batch", "4", "--vocab", "512", "--steps", "3"]
 
 
 def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), *TINY, "--bw-hidden", "64", "--repeats", "1", "--pairs", "3"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 1, proc.stdout  # the JSON line alone on stdout
-    out: dict[str, Any] = json.loads(lines[0])
+    args = [*TINY, "--bw-hidden", "64", "--repeats", "1", "--pairs", "3"]
+    out = run_bench_json("streaming", args, tmp_path, timeout=240)
     assert out["bench"] == "streaming" and out["config"]["pairs"] == 3
     pairs = out["streaming_overhead_pairs"]
     assert len(pairs) == 3 and all(math.isfinite(x) and x > 0 for x in pairs)
