@@ -218,15 +218,16 @@ def gelu_forward(
     x2 = rows2(x)
     y = np.empty_like(x2) if out is None else rows2(out)
     dydx = np.empty_like(x2)
-    if exact:  # here, not at the top: scipy.special costs every process ~0.15 s to import
-        from scipy.special import erf
-    elif x2.dtype == np.float32 and x2.flags.c_contiguous and y.flags.c_contiguous:
-        from weightstream.numerics._fused import gelu_tanh_rows  # numba: imported on first use
+    if x2.dtype == np.float32 and x2.flags.c_contiguous and y.flags.c_contiguous:
+        from weightstream.numerics._fused import gelu_erf_rows, gelu_tanh_rows  # numba: on first use
 
+        kernel = gelu_erf_rows if exact else gelu_tanh_rows
         b = np.zeros(x2.shape[1], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
         # one pass per row block instead of ~14 numpy ones (see _fused); float64 keeps the formulas below
-        for_row_blocks(lambda s: gelu_tanh_rows(x2[s], b, y[s], dydx[s]), x2.shape[0], x2.shape[1])
+        for_row_blocks(lambda s: kernel(x2[s], b, y[s], dydx[s]), x2.shape[0], x2.shape[1])
         return y.reshape(x.shape), dydx.reshape(x.shape)
+    if exact:  # here, not at the top: scipy.special costs every process ~0.15 s to import
+        from scipy.special import erf
 
     def rows(s: slice) -> None:
         xs = y[s]  # x (+ bias) lives in y's block until y overwrites it
