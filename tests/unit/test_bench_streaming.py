@@ -7,11 +7,14 @@ import math
 import statistics
 from pathlib import Path
 
+import pytest
+
 from tests.bench_module import load_bench, run_bench_json
 
 TINY = ["--hidden", "64", "--layers", "2", "--seq", "32", "--batch", "4", "--vocab", "512", "--steps", "3"]
 
 
+@pytest.mark.slow  # ~15 s (seven tiny jobs): in .ci/run's slow phase, keeping the default suite short
 def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
     args = [*TINY, "--bw-hidden", "64", "--repeats", "1", "--pairs", "3"]
     out = run_bench_json("streaming", args, tmp_path, timeout=240)
