@@ -127,3 +127,25 @@ def test_init_is_gpt2_style_and_deterministic() -> None:
         assert np.abs(a[n]).max() <= np.float32(2 * std) and np.abs(a[n]).max() > 1.95 * std, n
     assert not a["transformer.h.0.attn.c_attn.bias"].any()
     assert (a["transformer.h.0.ln_1.weight"] == 1).all()
+
+
+def test_the_reference_loss_writes_over_the_logits(rng, monkeypatch: pytest.MonkeyPatch) -> None:
+    """forward_backward and forward_loss (the in-process reference, evaluation) give the loss the logits
+    to overwrite: no vocabulary-sized buffer of its own."""
+    import weightstream.numerics.model as model_module
+
+    real = model_module.cross_entropy_forward
+    seen: list[bool] = []
+
+    def spy(logits: np.ndarray, *args, **kw):
+        out = real(logits, *args, **kw)
+        seen.append(np.shares_memory(out[1][0], logits))
+        return out
+
+    monkeypatch.setattr(model_module, "cross_entropy_forward", spy)
+    model = build_gpt2(CFG)
+    params = init_params(model, seed=0)
+    x, y = _batch(rng, CFG)
+    forward_backward(model, params, x, y, y.size)
+    model_module.forward_loss(model, params, x, y, y.size)
+    assert seen == [True, True]

@@ -285,3 +285,26 @@ def test_evaluate_of_all_workers_is_the_reference_mean_times_batches() -> None:
             engine.close()
     ref = ReferenceTrainer(load_params(_RAW, overrides={"eval_steps": n}), num_shards=WORKERS)
     assert total / n == pytest.approx(ref.evaluate(), rel=1e-6)
+
+
+def test_the_loss_writes_over_the_logits_in_training_and_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No vocabulary-sized buffer of the loss's own (412 MB at GPT-2's vocabulary, B8 T256): the softmax,
+    then the gradient, go over the logits, which nothing reads after the loss."""
+    import weightstream.worker.engine as engine_module
+
+    real = engine_module.cross_entropy_forward
+    seen: list[bool] = []
+
+    def spy(logits: np.ndarray, *args: Any, **kw: Any) -> Any:
+        out = real(logits, *args, **kw)
+        seen.append(np.shares_memory(out[1][0], logits))  # out: (loss, (probabilities, targets, denom))
+        return out
+
+    monkeypatch.setattr(engine_module, "cross_entropy_forward", spy)
+    run_step(0)
+    engine = WorkerEngine(MODEL, 0, WORKERS, FakeUnits(WEIGHTS), FakeBatches())
+    try:
+        engine.evaluate(STEP, 2)
+    finally:
+        engine.close()
+    assert seen == [True] * 3  # the step's one micro-batch, then two eval batches
