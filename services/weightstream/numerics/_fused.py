@@ -206,15 +206,16 @@ def gelu_erf_rows(x: np.ndarray, bias: np.ndarray, y: np.ndarray, d: np.ndarray)
     called scipy's scalar erf. ``y`` may be ``x``."""
     n, f = x.shape
     bits = np.empty(f, np.int32)
-    zs = np.empty(f, np.float32)
+    zs = np.empty(f, np.float32)  # z and t wait here (in L1) while y's and d's rows take the exponents
+    ts = np.empty(f, np.float32)
     c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = _ERFC
     for r in range(n):
         xr, yr, dr = x[r], y[r], d[r]
         for i in range(f):
             z = xr[i] + bias[i]
-            zs[i] = z
             u = abs(z) * _INV_SQRT2
             t = _ONE / (_ONE + _HALF * u)
+            zs[i], ts[i] = z, t
             hi = c5 + t * (c6 + t * (c7 + t * (c8 + t * c9)))
             poly = c0 + t * (c1 + t * (c2 + t * (c3 + t * (c4 + t * hi))))  # Horner, degree 9
             yr[i] = poly - u * u  # erfc(u) = t e^(this)
@@ -223,7 +224,7 @@ def gelu_erf_rows(x: np.ndarray, bias: np.ndarray, y: np.ndarray, d: np.ndarray)
         _exp(dr, bits, False)
         for i in range(f):
             z = zs[i]
-            half_erfc = _HALF * (_ONE / (_ONE + _HALF * abs(z) * _INV_SQRT2)) * yr[i]  # Phi(-|z|)
+            half_erfc = _HALF * ts[i] * yr[i]  # Phi(-|z|)
             cdf = half_erfc if z < _ZERO else _ONE - half_erfc
             yr[i] = z * cdf
             dr[i] = cdf + z * (dr[i] * _INV_SQRT_2PI)

@@ -275,13 +275,13 @@ def add_sq_sum(total: float, flat: np.ndarray) -> float:
     anything else through numpy's float64 ``einsum``."""
     if flat.dtype == np.float32 and flat.flags.c_contiguous:
         from weightstream.numerics._fused import square_sum  # numba: imported on first use
+    else:
 
-        for start in range(0, flat.size, SUM_BLOCK):
-            total += float(square_sum(flat[start : start + SUM_BLOCK]))
-        return total
+        def square_sum(part: np.ndarray) -> float:
+            return float(np.einsum("i,i->", part, part, dtype=np.float64))
+
     for start in range(0, flat.size, SUM_BLOCK):
-        part = flat[start : start + SUM_BLOCK]
-        total += float(np.einsum("i,i->", part, part, dtype=np.float64))
+        total += float(square_sum(flat[start : start + SUM_BLOCK]))
     return total
 
 
