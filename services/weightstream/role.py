@@ -40,6 +40,11 @@ log = logging.getLogger("weightstream.role")
 
 Reconfigure = Callable[[Any, JobSpec], Any | None]
 
+# How long a role may take to exit once told to stop (server stop, closing its logic, interpreter exit)
+# before it ends itself: interpreter exit joins the gRPC handler threads, and one stuck in a wait or a call
+# (a peer that hangs, a sum whose other parts never come) must not keep a stopped role, and its memory, on.
+EXIT_DEADLINE_S = 8.0
+
 
 def shm_tag(job: JobSpec | None) -> str | None:
     """The tag of ``job``'s memfds when its roles exchange tensors in shared memory (transport/shm.py)."""
@@ -138,6 +143,21 @@ def _watch_parent(parent_pid: int, stopped: threading.Event) -> None:
             stopped.set()
 
 
+def _exit_by(deadline_s: float) -> None:
+    """End the process ``deadline_s`` from now if it is still running then (a daemon thread: it keeps
+    running while the interpreter's exit waits for the other threads)."""
+
+    def guard() -> None:
+        time.sleep(deadline_s)
+        busy = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        log.error("still running %.0fs after being told to stop (threads %s); exiting now", deadline_s, busy)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+    threading.Thread(target=guard, name="exit-deadline", daemon=True).start()
+
+
 def serve_role(
     kind: str,
     build: Callable[[JobSpec], Any],
@@ -167,6 +187,7 @@ def serve_role(
         write_text_durably(ready_file, json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}))
     log.info("%s listening on %s:%d", kind, host, bound)
     role.stopped.wait()
+    _exit_by(EXIT_DEADLINE_S)
     server.stop(grace=1.0).wait(timeout=5)
     role.close()
     time.sleep(0.05)

@@ -95,6 +95,8 @@ def test_sigint_stops_every_role(tmp_path: Path) -> None:
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "interrupted" in stderr
     assert [n for n, pid in pids.items() if _alive(pid)] == []
+    for log in (model_dir / "logs").glob("*.log"):  # each stopped by itself, not by its exit deadline
+        assert "exiting now" not in log.read_text(), log.name
 
 
 def test_worker_memory_does_not_grow_with_depth(tmp_path: Path) -> None:

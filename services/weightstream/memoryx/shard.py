@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,13 +46,17 @@ from weightstream.transport.fencing import check_generation
 from weightstream.transport.shm import SharedArena
 from weightstream.transport.tensors import checksum
 
-__all__ = ["MemoryXShard", "StaleStepError"]
+__all__ = ["MemoryXShard", "ShardClosedError", "StaleStepError"]
 
 log = logging.getLogger("weightstream.memoryx")
 
 
 class StaleStepError(ValueError):
     """A call names a step this shard has already moved past (or has not reached)."""
+
+
+class ShardClosedError(RuntimeError):
+    """The shard was closed (its role is stopping, or a new configuration replaced it) during a call."""
 
 
 class MemoryXShard(ShardCheckpoints):
@@ -124,6 +128,7 @@ class MemoryXShard(ShardCheckpoints):
         # already updated, which tensors(step + 1) may serve before the whole update is done.
         self._updating: int | None = None
         self._fresh: set[str] = set()
+        self._closed = False
         self.served_early = 0  # tensors served that way (for tests and operators)
 
     def _shape(self, name: str) -> tuple[int, ...]:
@@ -149,11 +154,24 @@ class MemoryXShard(ShardCheckpoints):
             self._cond.notify_all()  # waiters of the old generation wake up and give up
 
     def close(self) -> None:
-        """Disk mode: the files are scratch (checkpoints are the durable copy); remove them."""
+        """Wake every call waiting here (they fail with ShardClosedError: a handler left waiting out its
+        timeout would hold its stopping process alive), let an update being applied finish (its store is
+        never freed under it), then free the store (disk mode: the files are scratch, checkpoints are the
+        durable copy)."""
         if self._norms is not None:
             self._norms.shutdown(wait=False, cancel_futures=True)
         with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._updating is None, timeout=self.timeout_s)
             self.store.close()
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        """``wait_for(ready)`` under the lock, up to the timeout; raises if the shard closes meanwhile."""
+        done = self._cond.wait_for(lambda: self._closed or ready(), timeout=self.timeout_s)
+        if self._closed:
+            raise ShardClosedError("this MemoryX shard was closed (its role is stopping or reconfigured)")
+        return done
 
     # -- streaming out -------------------------------------------------------------------------------------
     def tensors(self, step: int, names: Sequence[str]) -> list[tuple[str, np.ndarray]]:
@@ -163,7 +181,7 @@ class MemoryXShard(ShardCheckpoints):
         if missing:
             raise KeyError(f"tensors not on this shard: {missing}")
         with self._cond:
-            if not self._cond.wait_for(lambda: self._ready(step, names), timeout=self.timeout_s):
+            if not self._wait(lambda: self._ready(step, names)):
                 raise TimeoutError(
                     f"weights of step {step} not ready after {self.timeout_s}s (at {self.step})"
                 )
@@ -181,7 +199,7 @@ class MemoryXShard(ShardCheckpoints):
 
     def _idle(self) -> None:
         """Wait (under the lock) until no update is being applied."""
-        if not self._cond.wait_for(lambda: self._updating is None, timeout=self.timeout_s):
+        if not self._wait(lambda: self._updating is None):
             raise TimeoutError(f"the update of step {self._updating} still running after {self.timeout_s}s")
 
     def _wire(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
@@ -283,9 +301,7 @@ class MemoryXShard(ShardCheckpoints):
             if step != self.step:
                 raise StaleStepError(f"norm of step {step} requested, shard is at step {self.step}")
             if self._sq_sum is None:
-                done = self._cond.wait_for(
-                    lambda: self.generation != generation or self._complete(), timeout=self.timeout_s
-                )
+                done = self._wait(lambda: self.generation != generation or self._complete())
                 check_generation(generation, self.generation, f"norm of step {step}")
                 if not done:
                     missing = {
