@@ -169,9 +169,11 @@ def serve_role(
     *,
     token: str,
     reconfigure: Reconfigure | None = None,
+    exit_deadline_s: float = EXIT_DEADLINE_S,
 ) -> None:
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
-    ``token`` is the job's role credential, required on every call but Health."""
+    ``token`` is the job's role credential, required on every call but Health; ``exit_deadline_s``: how
+    long the process may take to exit once told to stop before it ends itself."""
     role = RoleHost(kind, build, token, reconfigure)
 
     def register(server: grpc.Server) -> None:
@@ -187,7 +189,7 @@ def serve_role(
         write_text_durably(ready_file, json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}))
     log.info("%s listening on %s:%d", kind, host, bound)
     role.stopped.wait()
-    _exit_by(EXIT_DEADLINE_S)
+    _exit_by(exit_deadline_s)
     server.stop(grace=1.0).wait(timeout=5)
     role.close()
     time.sleep(0.05)
