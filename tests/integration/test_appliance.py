@@ -59,6 +59,7 @@ def test_same_node_count_gives_bitwise_identical_checkpoints(tmp_path: Path) -> 
             assert a.read_bytes() == b.read_bytes(), f
 
 
+@pytest.mark.slow  # ~12-14 s: the default suite stays under ~9 minutes
 def test_checkpoint_from_two_nodes_resumes_on_one_and_four(tmp_path: Path) -> None:
     params = write_params(tmp_path, checkpoint_steps=4)
     straight = tmp_path / "straight"

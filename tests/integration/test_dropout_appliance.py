@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from numpy.testing import assert_allclose
 
@@ -38,6 +39,7 @@ def _rows(model_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, lines) if "loss" in r}
 
 
+@pytest.mark.slow  # ~12-14 s: the default suite stays under ~9 minutes
 def test_dropout_run_equals_the_reference_with_micro_batches_and_recompute(tmp_path: Path) -> None:
     params_path = _params(tmp_path / "p_budget", 0.2, worker_memory_mb=1)
     budget = tmp_path / "budget"

@@ -295,6 +295,7 @@ def _stop_leftovers(pids: set[int], model_dir: Path) -> None:
             pass
 
 
+@pytest.mark.slow  # ~12-14 s: the default suite stays under ~9 minutes
 def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     """SIGKILL of the service while a job trains past a checkpoint, then a restart on the same data dir:
     the job is requeued (its history says why), resumes from its last checkpoint (not from step 0), redoes

@@ -87,6 +87,7 @@ def test_rest_and_grpc_refuse_through_the_same_checks(tmp_path: Path) -> None:
         service.stop()
 
 
+@pytest.mark.slow  # ~12-14 s: the default suite stays under ~9 minutes
 def test_a_job_out_of_time_fails_naming_its_limit_and_old_checkpoints_go(tmp_path: Path) -> None:
     """A real JobService running real jobs: one that would train for hours fails at the service's
     wall-clock limit with a message naming it and the last checkpoint; one that checkpoints every step
