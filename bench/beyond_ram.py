@@ -17,6 +17,9 @@ written, and peak disk use.
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import contextlib
 import itertools

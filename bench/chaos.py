@@ -12,6 +12,9 @@ fault-free steps (target <= 2.0), and whether the final checkpoint and every log
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import itertools
 import json

@@ -8,6 +8,9 @@ noisy machine even when the absolute numbers move. Usage:
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import os

@@ -25,6 +25,9 @@ Medians are over the steps after the first 2. Prints one JSON line (progress goe
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import os

@@ -28,6 +28,9 @@ to ``--retries`` times while ``--budget`` lasts). About 7 minutes on the 2-core 
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import os

@@ -13,6 +13,9 @@ A cold compile: NUMBA_CACHE_DIR=$(mktemp -d) python bench/sparse_kernels.py
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import os

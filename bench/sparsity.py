@@ -23,6 +23,9 @@ Prints one JSON line:
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import statistics

@@ -15,6 +15,9 @@ Prints one JSON line:
 
 from __future__ import annotations
 
+import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kernels, blas_kernel.py)
+
+# isort: split
 import argparse
 import json
 import multiprocessing as mp
@@ -71,10 +74,12 @@ def reference_step_s(raw: dict[str, Any], steps: int) -> float:
 
 
 def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> tuple[float, float]:
-    """(median step time after the first step, tokens per second) of `weightstream run`."""
+    """(median step time after the first step, tokens per second) of a fresh `weightstream run`."""
     path = workdir / f"params{num_csx}.yaml"
     path.write_text(yaml.safe_dump(raw))
-    model_dir = workdir / f"run{num_csx}"
+    # A new directory for every run: in one it has used before, `weightstream run` resumes from the
+    # finished run's checkpoint, trains nothing and leaves that run's metrics.jsonl to be read again
+    model_dir = Path(tempfile.mkdtemp(prefix=f"run{num_csx}_", dir=workdir))
     cmd = [
         sys.executable,
         "-m",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
+import weightstream  # noqa: F401  (first: it picks numpy's OpenBLAS kernels before numpy loads them)
+
+# isort: split
 import numpy as np
 import pytest
 

@@ -3,6 +3,7 @@ overhead ratio as the median of interleaved (reference, appliance) pairs."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -43,3 +44,27 @@ def test_the_overhead_is_the_median_of_the_pairs_ratios() -> None:
     ratio, pairs = overhead([1.0, 2.0, 3.0], [3.0, 2.2, 3.1])
     assert pairs == [3.0, 2.2 / 2.0, 3.1 / 3.0]
     assert ratio == 2.2 / 2.0
+
+
+def test_every_appliance_measurement_is_a_run_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pairs' appliance figures come from as many runs: `weightstream run` in a directory it has used
+    resumes from the finished checkpoint and trains nothing, so each run needs a directory of its own.
+    (The command is replaced by one that behaves that way, writing each run's step times.)"""
+    bench = load_bench("streaming")
+    runs: list[Path] = []
+
+    def fake_run(cmd: list[str], **_: object) -> None:
+        model_dir = Path(cmd[cmd.index("--model_dir") + 1])
+        if (model_dir / "metrics.jsonl").exists():
+            return  # resumed at max_steps: nothing to train, as the real command does
+        runs.append(model_dir)
+        step = 0.1 * len(runs)
+        rows = [json.dumps({"step": i, "step_time_s": step}) for i in range(1, 4)]
+        (model_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    raw = {"train_input": {"batch_size": 4, "max_sequence_length": 32}}
+    firsts = [bench.appliance_step_s(raw, 1, tmp_path)[0] for _ in range(3)]
+    assert firsts == pytest.approx([0.1, 0.2, 0.3]) and len(set(runs)) == 3

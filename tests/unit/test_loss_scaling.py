@@ -156,7 +156,9 @@ def test_every_worker_gets_the_global_denominator_and_n_workers_equal_one(tmp_pa
     one, two = ReferenceTrainer(params, num_shards=1), ReferenceTrainer(params, num_shards=2)
     (loss1, grads1, tokens1), (loss2, grads2, tokens2) = one.gradients(1), two.gradients(1)
     assert tokens1 == tokens2 == train.global_tokens(1) < 8 * 16  # counted tokens, not the denominator
-    assert loss2 == pytest.approx(loss1, rel=1e-12)
+    # float32 agreement, not bitwise: OpenBLAS's AVX2 kernels (blas_kernel.py) compute a product's last
+    # rows with other code than the rows before them, so a row's logits depend on where the shard ends
+    assert loss2 == pytest.approx(loss1, rel=1e-6)
     for n, g in grads1.items():
         assert_allclose(grads2[n], g, rtol=1e-5, atol=1e-7, err_msg=n)  # float32 sums in two orders
     # and it is the num_tokens run's loss times counted / (B * T) * T * 0.3

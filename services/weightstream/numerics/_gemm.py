@@ -96,7 +96,10 @@ def _numpy_blas() -> str:
         infos = []
     if not infos:
         return "numpy"
-    return f"numpy ({infos[0].get('internal_api', 'blas')} {infos[0].get('version', '')})".replace(" )", ")")
+    info = infos[0]
+    # e.g. "numpy (openblas 0.3.31 Haswell)": the kernel set says whether blas_kernel.py's choice took
+    words = [info.get("internal_api", "blas"), info.get("version", ""), info.get("architecture", "")]
+    return f"numpy ({' '.join(w for w in words if w)})"
 
 
 def _load() -> tuple[str, ctypes._CFuncPtr | None, ctypes._CFuncPtr | None]:
