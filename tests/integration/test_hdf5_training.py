@@ -95,6 +95,7 @@ def hdf5_params(tmp: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # ~12 s: the default suite stays well under 10 minutes
 def test_hdf5_with_padding_trains_the_same_on_one_and_two_workers(tmp_path: Path) -> None:
     params_path = hdf5_params(tmp_path)
     ref = ReferenceTrainer(load_params(params_path), num_shards=1)

@@ -32,6 +32,7 @@ def bench() -> ModuleType:
     return load_bench("peer")
 
 
+@pytest.mark.slow  # the peer bench with DDP (~13 s, shared with the next test): in CI's slow phase
 def test_the_json_line_has_every_figure_and_ratios_are_their_quotients(with_ddp: dict[str, Any]) -> None:
     out = with_ddp
     assert out["bench"] == "peer"
@@ -55,6 +56,7 @@ def test_the_json_line_has_every_figure_and_ratios_are_their_quotients(with_ddp:
         assert out["weightstream_logged_tokens_per_second"][k] > 0
 
 
+@pytest.mark.slow  # shares the DDP run above
 def test_both_sides_train_the_same_model_on_the_same_data(with_ddp: dict[str, Any]) -> None:
     """Same initial weights and batches: every run's first loss is ~ln(vocab) and equal, and the curves
     stay together (float32 sums in another order only)."""

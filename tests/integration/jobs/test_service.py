@@ -195,6 +195,7 @@ def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
     assert run("get", "job", "nope").returncode == 2
 
 
+@pytest.mark.slow  # ~13-15 s: the default suite stays well under 10 minutes
 def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
     service = Service(tmp_path / "data", slots=2).start()
     try:
