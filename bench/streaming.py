@@ -10,7 +10,7 @@ Prints one JSON line:
   shared-memory plane co-located roles use and over gRPC (as across hosts), vs a raw gRPC server stream of
   4 MiB messages over loopback.
 
-    python bench/streaming.py [--hidden 512 --layers 4 --seq 256 --batch 8 --steps 6 --pairs 3]
+    python bench/streaming.py [--hidden 512 --layers 4 --seq 256 --batch 8 --steps 6 --pairs 5]
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--pairs", type=int, default=3, help="interleaved (reference, num_csx 1) measurements")
+    ap.add_argument("--pairs", type=int, default=5, help="interleaved (reference, num_csx 1) measurements")
     ap.add_argument("--bw-hidden", type=int, default=1024, help="hidden size of the block used for bandwidth")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
