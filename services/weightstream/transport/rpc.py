@@ -69,8 +69,13 @@ def open_channel(address: str, token: str, generation: int = 0) -> grpc.Channel:
     """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``) and the
     ``generation`` of the configuration that opened it (see ``transport.fencing``)."""
     extra = ((GENERATION_METADATA, str(generation)),)
+    # A subchannel pool of its own: gRPC otherwise shares one connection per address among a process's
+    # channels, with its reconnect backoff. A role replaced at the same address (a Kubernetes pod keeps
+    # its DNS name) would then fail the calls of the channels opened for it, fast, with the dead one's
+    # "connection refused", for up to the backoff (1 s, growing), and the job retry the step in vain.
+    options = [*OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     return grpc.intercept_channel(
-        grpc.insecure_channel(address, options=OPTIONS), TokenMetadata(token, extra)
+        grpc.insecure_channel(address, options=options), TokenMetadata(token, extra)
     )
 
 
