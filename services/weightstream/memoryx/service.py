@@ -22,6 +22,7 @@ from weightstream.transport.rpc import (
     add_service,
     receive_tensors,
     tensors_in,
+    tensors_in_one,
     tensors_out,
     unary,
 )
@@ -133,7 +134,11 @@ class MemoryXServicer:
         gen = generation_of(context.invocation_metadata())
         tag = shm_tag(self.host.job)
         return receive_tensors(
-            context, request_iterator, lambda h, g: shard.add_gradient(h.step, h.unit, g, gen), tag
+            context,
+            request_iterator,
+            lambda h, g: shard.add_gradient(h.step, h.unit, g, gen),
+            tag,
+            shard.grad_maps,
         )
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:
@@ -193,6 +198,7 @@ def add_servicer(host: RoleHost, server: grpc.Server) -> None:
         {
             "GetTensors": tensors_out(s.GetTensors, pb.TensorRequest),
             "PushGradients": tensors_in(s.PushGradients, pb.Ack),
+            "PushGradientsOne": tensors_in_one(s.PushGradients, pb.Ack),
             "GradNormSq": unary(s.GradNormSq, pb.StepRequest, pb.NormReply),
             "ApplyUpdate": unary(s.ApplyUpdate, pb.UpdateRequest, pb.Ack),
             "SaveCheckpoint": unary(s.SaveCheckpoint, pb.CheckpointRequest, pb.CheckpointReply),

@@ -44,6 +44,7 @@ from weightstream.numerics.optim import add_sq_sum, optimizer_step, state_names
 from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.transport.fencing import check_generation
 from weightstream.transport.shm import SharedArena
+from weightstream.transport.shm_cache import MappingCache
 from weightstream.transport.tensors import checksum
 
 __all__ = ["MemoryXShard", "ShardClosedError", "StaleStepError"]
@@ -130,6 +131,8 @@ class MemoryXShard(ShardCheckpoints):
         self._fresh: set[str] = set()
         self._closed = False
         self.served_early = 0  # tensors served that way (for tests and operators)
+        # gradient memfds' mappings, kept as senders keep them (memory mode; ``reset`` drops them)
+        self.grad_maps = MappingCache(2 * len(model.units) if arena is not None else 0)
 
     def _shape(self, name: str) -> tuple[int, ...]:
         """What the store holds of tensor ``name`` (and its gradient): compact if sparse."""
@@ -151,6 +154,7 @@ class MemoryXShard(ShardCheckpoints):
             self._idle()  # an update being applied completes first: a shard is never left half-updated
             self.generation = generation
             self._drop_gradients()
+            self.grad_maps.close()
             self._cond.notify_all()  # waiters of the old generation wake up and give up
 
     def close(self) -> None:
@@ -164,6 +168,7 @@ class MemoryXShard(ShardCheckpoints):
             self._closed = True
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._updating is None, timeout=self.timeout_s)
+            self.grad_maps.close()
             self.store.close()
 
     def _wait(self, ready: Callable[[], bool]) -> bool:

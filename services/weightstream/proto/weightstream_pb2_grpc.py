@@ -203,6 +203,11 @@ class MemoryXStub:
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
                 response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
                 _registered_method=True)
+        self.PushGradientsOne = channel.unary_unary(
+                '/weightstream.v1.MemoryX/PushGradientsOne',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
+                _registered_method=True)
         self.GradNormSq = channel.unary_unary(
                 '/weightstream.v1.MemoryX/GradNormSq',
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.StepRequest.SerializeToString,
@@ -237,6 +242,15 @@ class MemoryXServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushGradientsOne(self, request, context):
+        """PushGradients of a tensor stream that is one message (a header naming shared memory, small tensors):
+        a unary call, which costs a role no thread to feed the request stream
+        tensor stream of one message
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GradNormSq(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -265,6 +279,11 @@ def add_MemoryXServicer_to_server(servicer, server):
             ),
             'PushGradients': grpc.stream_unary_rpc_method_handler(
                     servicer.PushGradients,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
+            ),
+            'PushGradientsOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushGradientsOne,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                     response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
             ),
@@ -336,6 +355,33 @@ class MemoryX:
             request_iterator,
             target,
             '/weightstream.v1.MemoryX/PushGradients',
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradientsOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.MemoryX/PushGradientsOne',
             weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
             options,
@@ -449,6 +495,11 @@ class SwarmXStub:
                 request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
                 response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
                 _registered_method=True)
+        self.PushGradientsOne = channel.unary_unary(
+                '/weightstream.v1.SwarmX/PushGradientsOne',
+                request_serializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
+                response_deserializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class SwarmXServicer:
@@ -468,6 +519,13 @@ class SwarmXServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushGradientsOne(self, request, context):
+        """as MemoryX's
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SwarmXServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +536,11 @@ def add_SwarmXServicer_to_server(servicer, server):
             ),
             'PushGradients': grpc.stream_unary_rpc_method_handler(
                     servicer.PushGradients,
+                    request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
+                    response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
+            ),
+            'PushGradientsOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushGradientsOne,
                     request_deserializer=weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.FromString,
                     response_serializer=weightstream_dot_proto_dot_weightstream__pb2.Ack.SerializeToString,
             ),
@@ -534,6 +597,33 @@ class SwarmX:
             request_iterator,
             target,
             '/weightstream.v1.SwarmX/PushGradients',
+            weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
+            weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradientsOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/weightstream.v1.SwarmX/PushGradientsOne',
             weightstream_dot_proto_dot_weightstream__pb2.TensorChunk.SerializeToString,
             weightstream_dot_proto_dot_weightstream__pb2.Ack.FromString,
             options,

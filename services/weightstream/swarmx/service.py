@@ -25,6 +25,7 @@ from weightstream.transport.rpc import (
     stream,
     tensors_in,
     tensors_in_client,
+    tensors_in_one,
     tensors_out,
     tensors_out_client,
 )
@@ -265,5 +266,6 @@ def add_servicer(host: RoleHost, server: grpc.Server) -> None:
         {
             "GetUnit": tensors_out(s.GetUnit, pb.UnitRequest),
             "PushGradients": tensors_in(s.PushGradients, pb.Ack),
+            "PushGradientsOne": tensors_in_one(s.PushGradients, pb.Ack),
         },
     )
