@@ -242,12 +242,13 @@ class KubernetesBackend:
             out[roles[name]] = f"{roles[name].name} (pod {name}) deleted"
         return dict(sorted(out.items(), key=lambda item: (item[0].kind, item[0].index)))
 
-    def _observe(self) -> tuple[dict[RoleSpec, str], str | None]:
+    def _observe(self, fresh: bool = False) -> tuple[dict[RoleSpec, str], str | None]:
         """The dead roles, or the error listing the pods gave. Asked several times a second while calls
-        are in flight: the API server is asked at most once per ``poll_s`` (a death still shows within it)."""
+        are in flight: the API server is asked at most once per ``poll_s`` (a death still shows within it),
+        unless ``fresh``."""
         with self._lock:
             at, dead, error = self._checked
-        if time.monotonic() - at < self.poll_s:
+        if not fresh and time.monotonic() - at < self.poll_s:
             return dead, error
         try:
             dead, error = self._dead(self._pods()), None
@@ -266,10 +267,12 @@ class KubernetesBackend:
 
     def dead(self) -> dict[RoleSpec, str]:
         """Roles whose pod failed, is being deleted or is gone. When the pods cannot be listed, no role is
-        known dead (``failures`` carries the error): an API server's hiccup is no reason to replace pods."""
+        known dead (``failures`` carries the error): an API server's hiccup is no reason to replace pods.
+        Listed now, not within ``poll_s``: recovery asks once per fault, and a pod deleted since the last
+        listing (a step can fail within it) would pass for a role that does not answer, "hung"."""
         if self._stopping:
             return {}
-        return dict(self._observe()[0])
+        return dict(self._observe(fresh=True)[0])
 
     def restart(self, roles: list[RoleSpec]) -> None:
         """Delete each role's pod at once (grace period 0: a hung role gets no time to finish), wait until
