@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import weightstream  # noqa: F401  (first: it picks numpy's OpenBLAS kernels before numpy loads them)
 
@@ -20,3 +21,20 @@ with contextlib.suppress(ImportError):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def maps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of the read-only memfd mappings (a receiver's, transport/shm.py) made while the test runs."""
+    import weightstream.transport.shm as shm_module
+
+    made: list[int] = []
+    original = shm_module._map
+
+    def counted(fd: int, size: int, *args: Any, **kw: Any) -> np.ndarray:
+        if not kw["writable"]:
+            made.append(size)
+        return original(fd, size, *args, **kw)
+
+    monkeypatch.setattr(shm_module, "_map", counted)
+    return made

@@ -10,9 +10,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-import pytest
 
-import weightstream.transport.shm as shm_module
 from tests.role_jobs import CREDENTIAL, tiny_role_job
 from weightstream.memoryx import service as memoryx_service
 from weightstream.memoryx.shard import MemoryXShard
@@ -28,21 +26,6 @@ class _Context:
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise RuntimeError(f"{code.name}: {details}")
-
-
-@pytest.fixture
-def maps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the read-only mappings (a receiver's) made while the test runs."""
-    made: list[int] = []
-    original = shm_module._map
-
-    def counted(fd: int, size: int, *args: Any, **kw: Any) -> np.ndarray:
-        if not kw["writable"]:
-            made.append(size)
-        return original(fd, size, *args, **kw)
-
-    monkeypatch.setattr(shm_module, "_map", counted)
-    return made
 
 
 def _memoryx(tmp_path: Path, **runconfig: Any) -> tuple[RoleHost, MemoryXShard]:

@@ -6,12 +6,10 @@ workers without a memory budget keep them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-import weightstream.transport.shm as shm_module
 from tests.role_jobs import tiny_role_job
 from weightstream.role import shm_tag
 from weightstream.transport.errors import ChecksumError, ProtocolError
@@ -21,21 +19,6 @@ from weightstream.transport.tensors import read_messages, tensor_messages
 from weightstream.worker import service as worker_service
 
 TAG = job_tag("m" * 64)
-
-
-@pytest.fixture
-def maps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the read-only mappings (a receiver's) made while the test runs."""
-    made: list[int] = []
-    original = shm_module._map
-
-    def counted(fd: int, size: int, *args: Any, **kw: Any) -> np.ndarray:
-        if not kw["writable"]:
-            made.append(size)
-        return original(fd, size, *args, **kw)
-
-    monkeypatch.setattr(shm_module, "_map", counted)
-    return made
 
 
 def _fetch(
