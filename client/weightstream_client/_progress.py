@@ -38,6 +38,7 @@ class ProgressBar:
             BarColumn(),
             TextColumn("{task.fields[info]}"),
             TimeRemainingColumn(),
+            refresh_per_second=2,  # not rich's 10: the appliance may train on this machine's cores
         )
         self.task = self.p.add_task("job", total=None, status="", info="")
         self.p.start()

@@ -30,6 +30,9 @@ from weightstream.training.runner import JobFailed, JobRunner, job_log
 __all__ = ["run_local", "step_progress", "train_reference"]
 
 
+REFRESH_PER_SECOND = 2.0
+
+
 def step_progress(console: Console) -> Progress:
     """The bar both trainers show: step n/N, a bar, a status text, elapsed time and ETA. Transient: it
     disappears when done, leaving the logged lines. Set ``status`` per task."""
@@ -43,6 +46,9 @@ def step_progress(console: Console) -> Progress:
         TimeRemainingColumn(),
         console=console,
         transient=True,
+        # rich redraws 10 times a second by default: 15 ms of CPU a second in a terminal here, taken from the
+        # workers' compute on a small machine; steps take a second or more, so twice a second shows them
+        refresh_per_second=REFRESH_PER_SECOND,
     )
 
 
