@@ -1,11 +1,14 @@
 """A role's configuration for a TINY job on the shared-memory plane, as Configure gives it, every peer's
-address pointing nowhere: the tests that build a role this way replace the calls it makes."""
+address pointing nowhere: the tests that build a role this way replace the calls it makes, and call its
+servicer's methods directly with a ``DirectContext``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from tests.integration.appliance import TINY
 from weightstream.params import load_params
@@ -32,3 +35,13 @@ def tiny_role_job(tmp: Path, role: str, **runconfig: Any) -> JobSpec:
         credential=CREDENTIAL,
         shared_memory=True,
     )
+
+
+class DirectContext:
+    """The servicer context of a call made without gRPC: generation 0, and an abort raises."""
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return []  # generation 0
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise RuntimeError(f"{code.name}: {details}")

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
-from tests.role_jobs import CREDENTIAL, tiny_role_job
+from tests.role_jobs import CREDENTIAL, DirectContext, tiny_role_job
 from weightstream.memoryx import service as memoryx_service
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.proto import weightstream_pb2 as pb
@@ -20,19 +19,11 @@ from weightstream.transport.shm import KeptScratch, SharedArena
 from weightstream.transport.tensors import tensor_messages
 
 
-class _Context:
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return []  # generation 0
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise RuntimeError(f"{code.name}: {details}")
-
-
 def _memoryx(tmp_path: Path, **runconfig: Any) -> tuple[RoleHost, MemoryXShard]:
     job = tiny_role_job(tmp_path, "memoryx", **runconfig)
     host = RoleHost("memoryx", memoryx_service.build, CREDENTIAL)
     host.configure(job)
-    return host, host.logic(_Context())
+    return host, host.logic(DirectContext())
 
 
 def _step(host: RoleHost, shard: MemoryXShard, kept: KeptScratch, step: int) -> None:
@@ -47,7 +38,7 @@ def _step(host: RoleHost, shard: MemoryXShard, kept: KeptScratch, step: int) -> 
         grads = {n: rng.standard_normal(shard.model.specs[n].shape).astype(np.float32) for n in names}
         with kept.lease(unit) as scratch:  # the memfd stays open until the call has returned
             messages = list(tensor_messages(grads.items(), pb.StreamHead(step=step, unit=unit), shm=scratch))
-            servicer.PushGradients(iter(messages), _Context())
+            servicer.PushGradients(iter(messages), DirectContext())
     shard.grad_sq_sum(step)
     shard.apply_update(step, lr=1e-2, clip_coef=1.0)
 

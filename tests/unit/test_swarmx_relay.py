@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 
 import weightstream.transport.tensors as tensors_module
-from tests.role_jobs import tiny_role_job
+from tests.role_jobs import DirectContext, tiny_role_job
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -21,14 +20,6 @@ from weightstream.swarmx import service as swarmx_service
 from weightstream.transport.errors import ChecksumError, ProtocolError
 from weightstream.transport.shm import SharedArena, locate
 from weightstream.transport.tensors import read_messages, references_only, tensor_messages
-
-
-class _Context:
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return []  # generation 0
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise RuntimeError(f"{code.name}: {details}")
 
 
 def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[int, list[bytes]]]:
@@ -49,7 +40,7 @@ def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[
 
         return push
 
-    host.logic(_Context()).upstream.push = [receiver(s) for s in received]
+    host.logic(DirectContext()).upstream.push = [receiver(s) for s in received]
     return host, job, model_def(params), received
 
 
@@ -86,7 +77,7 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
 
     monkeypatch.setattr(tensors_module, "attach", no_mapping)
     servicer = swarmx_service.SwarmXServicer(host)
-    servicer.PushGradients(iter(messages), _Context())
+    servicer.PushGradients(iter(messages), DirectContext())
     monkeypatch.undo()
 
     for shard, got in received.items():
@@ -116,7 +107,7 @@ def test_a_corrupt_gradient_passed_on_is_still_caught_at_memoryx(tmp_path: Path)
     _, header = sent
     header.tensors[0].crc32c ^= 1  # as if the bytes had changed on the way
     bad = [tensors_module.header_message(header)]
-    swarmx_service.SwarmXServicer(host).PushGradients(iter(bad), _Context())  # passed on unchecked
+    swarmx_service.SwarmXServicer(host).PushGradients(iter(bad), DirectContext())  # passed on unchecked
     got = [m for msgs in received.values() for m in msgs]
     with pytest.raises(ChecksumError, match=header.tensors[0].name):
         for m in got:
@@ -137,7 +128,7 @@ def test_a_node_with_two_children_still_sums_and_inline_bytes_are_still_read(tmp
         head = pb.StreamHead(step=0, unit=1, sender=child)
         with arena.lease() as scratch:
             msgs = list(tensor_messages(g.items(), head, shm=scratch if child == 0 else None))
-            servicer.PushGradients(iter(msgs), _Context())
+            servicer.PushGradients(iter(msgs), DirectContext())
     got = [m for msgs in received.values() for m in msgs]
     _, out = read_messages(got, shm_tag(job))
     np.testing.assert_array_equal(out[name], np.full(model.specs[name].shape, 1.0, np.float32))

@@ -21,8 +21,7 @@ from weightstream.transport.rpc import (
     abort_on_error,
     add_service,
     receive_tensors,
-    tensors_in,
-    tensors_in_one,
+    tensor_push,
     tensors_out,
     unary,
 )
@@ -197,8 +196,7 @@ def add_servicer(host: RoleHost, server: grpc.Server) -> None:
         "MemoryX",
         {
             "GetTensors": tensors_out(s.GetTensors, pb.TensorRequest),
-            "PushGradients": tensors_in(s.PushGradients, pb.Ack),
-            "PushGradientsOne": tensors_in_one(s.PushGradients, pb.Ack),
+            **tensor_push("PushGradients", s.PushGradients, pb.Ack),
             "GradNormSq": unary(s.GradNormSq, pb.StepRequest, pb.NormReply),
             "ApplyUpdate": unary(s.ApplyUpdate, pb.UpdateRequest, pb.Ack),
             "SaveCheckpoint": unary(s.SaveCheckpoint, pb.CheckpointRequest, pb.CheckpointReply),

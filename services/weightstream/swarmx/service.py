@@ -23,9 +23,8 @@ from weightstream.transport.rpc import (
     push_tensors,
     receive_tensors,
     stream,
-    tensors_in,
+    tensor_push,
     tensors_in_client,
-    tensors_in_one,
     tensors_out,
     tensors_out_client,
 )
@@ -265,7 +264,6 @@ def add_servicer(host: RoleHost, server: grpc.Server) -> None:
         "SwarmX",
         {
             "GetUnit": tensors_out(s.GetUnit, pb.UnitRequest),
-            "PushGradients": tensors_in(s.PushGradients, pb.Ack),
-            "PushGradientsOne": tensors_in_one(s.PushGradients, pb.Ack),
+            **tensor_push("PushGradients", s.PushGradients, pb.Ack),
         },
     )

@@ -31,6 +31,7 @@ __all__ = [
     "push_tensors",
     "receive_tensors",
     "stream",
+    "tensor_push",
     "tensors_in",
     "tensors_in_client",
     "tensors_in_one",
@@ -220,6 +221,13 @@ def tensors_in_one(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandl
     )
 
 
+def tensor_push(method: str, fn: Callable[..., Any], response: Any) -> dict[str, grpc.RpcMethodHandler]:
+    """A push method as ``TensorPush`` calls it: ``method`` (``tensors_in``) with its unary twin
+    ``<method>One`` (``tensors_in_one``), registered together so that no push of one message meets a
+    server without the twin."""
+    return {method: tensors_in(fn, response), method + "One": tensors_in_one(fn, response)}
+
+
 def add_service(server: grpc.Server, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{_PACKAGE}.{service}", methods),))
 
@@ -249,12 +257,10 @@ class TensorPush:
 
     def __call__(self, messages: Iterable[bytes], timeout: float) -> Any:
         it = iter(messages)
-        first = next(it, None)
-        second = next(it, None) if first is not None else None
-        if first is not None and second is None:
-            return self._one(first, timeout=timeout)
-        rest = it if first is None else itertools.chain((first, second), it)
-        return self._stream(rest, timeout=timeout)
+        head = list(itertools.islice(it, 2))  # enough to tell one message from more (or none)
+        if len(head) == 1:
+            return self._one(head[0], timeout=timeout)
+        return self._stream(itertools.chain(head, it), timeout=timeout)
 
 
 def tensors_in_client(channel: grpc.Channel, service: str, method: str, response: Any) -> TensorPush:
