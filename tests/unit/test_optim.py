@@ -151,49 +151,54 @@ def test_clip_coefficient() -> None:
     assert grad_sq_sum(np.full((3, 3), 2.0, dtype=np.float32)) == 36.0
 
 
+@pytest.mark.parametrize("wd", [0.01, 0.0])
 @pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
 def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes_the_gradient(
-    kind: str, rng
+    kind: str, wd: float, rng
 ) -> None:
-    """optimizer_step runs over UPDATE_BLOCK pieces (speed); elementwise math, so the bits must be those of
-    one pass over the whole tensor, with the clipping scale applied as a float32 multiply first. The
+    """optimizer_step runs Adam(W) over float32 as one fused numba pass and SGD over UPDATE_BLOCK pieces
+    (speed); either way the bits must be those of the numpy formulas in one pass over the whole tensor,
+    with the clipping scale applied as a float32 multiply first, non-finite gradients included. The
     gradient may be a read-only mapping from another process: it is never written."""
-    cfg = OptimizerConfig(kind=kind, schedule=(), weight_decay=0.01, momentum=0.9)
+    cfg = OptimizerConfig(kind=kind, schedule=(), weight_decay=wd, momentum=0.9)
     n = 2 * UPDATE_BLOCK + 123  # pieces, and a short last one
     w0 = rng.standard_normal(n).astype(np.float32)
     g = rng.standard_normal(n).astype(np.float32)
+    g[[5, 6, 7, 8]] = [np.inf, -np.inf, np.nan, -0.0]  # what a diverging step sends, and a signed zero
+    w0[9] = np.inf
     g.flags.writeable = False
     pieces_w, whole_w = w0.copy(), w0.copy()
     pieces_s, whole_s = init_state(kind, w0.shape), init_state(kind, w0.shape)
-    for step, scale in ((1, 0.5), (2, 1.0)):  # clipped, then not
-        optimizer_step(cfg, pieces_w, g, pieces_s, step=step, lr=1e-2, scale=scale)
-        g_scaled = g * np.float32(scale)
-        if kind == "sgd":
-            sgd_step(
-                whole_w,
-                g_scaled,
-                whole_s["momentum_buffer"],
-                lr=1e-2,
-                momentum=0.9,
-                weight_decay=0.01,
-                nesterov=False,
-            )
-        else:
-            adam_step(
-                whole_w,
-                g_scaled,
-                whole_s["exp_avg"],
-                whole_s["exp_avg_sq"],
-                step=step,
-                lr=1e-2,
-                beta1=0.9,
-                beta2=0.999,
-                eps=1e-8,
-                weight_decay=0.01,
-                decoupled=kind == "adamw",
-            )
-    assert np.array_equal(pieces_w, whole_w)
-    assert all(np.array_equal(pieces_s[k], whole_s[k]) for k in whole_s)
+    with np.errstate(invalid="ignore"):  # inf - inf, inf / inf: NaN, as intended here
+        for step, scale in ((1, 0.5), (2, 1.0)):  # clipped, then not
+            optimizer_step(cfg, pieces_w, g, pieces_s, step=step, lr=1e-2, scale=scale)
+            g_scaled = g * np.float32(scale)
+            if kind == "sgd":
+                sgd_step(
+                    whole_w,
+                    g_scaled,
+                    whole_s["momentum_buffer"],
+                    lr=1e-2,
+                    momentum=0.9,
+                    weight_decay=wd,
+                    nesterov=False,
+                )
+            else:
+                adam_step(
+                    whole_w,
+                    g_scaled,
+                    whole_s["exp_avg"],
+                    whole_s["exp_avg_sq"],
+                    step=step,
+                    lr=1e-2,
+                    beta1=0.9,
+                    beta2=0.999,
+                    eps=1e-8,
+                    weight_decay=wd,
+                    decoupled=kind == "adamw",
+                )
+    assert np.array_equal(pieces_w.view(np.uint32), whole_w.view(np.uint32))  # bits: NaN and -0.0 too
+    assert all(np.array_equal(pieces_s[k].view(np.uint32), whole_s[k].view(np.uint32)) for k in whole_s)
 
 
 def test_weight_decay_skips_biases_and_norms_unless_asked() -> None:

@@ -229,6 +229,28 @@ def optimizer_step(
         raise ValueError("optimizer_step works on C-contiguous arrays")
     flat_p, flat_g, *flat_s = (a.reshape(-1) for a in arrays)
     dt = param.dtype.type
+    if cfg.kind != "sgd" and all(a.dtype == np.float32 for a in arrays):
+        # MemoryX's case: one fused pass, bitwise this loop's result (numerics/_optim_kernels.py)
+        from weightstream.numerics._optim_kernels import adam_fused  # numba: imported on first use
+
+        b1, b2 = cfg.betas
+        adam_fused(
+            flat_p,
+            flat_g,
+            state["exp_avg"].reshape(-1),
+            state["exp_avg_sq"].reshape(-1),
+            dt(scale),
+            dt(1.0 - lr * wd) if cfg.kind == "adamw" else dt(1.0),
+            dt(wd),
+            cfg.kind == "adam" and wd != 0.0,
+            dt(1.0 - b1),
+            dt(b2),
+            dt(1.0 - b2),
+            dt(math.sqrt(1.0 - b2**step)),
+            dt(cfg.eps),
+            dt(-lr / (1.0 - b1**step)),
+        )
+        return
     for start in range(0, flat_p.size, UPDATE_BLOCK):
         piece = slice(start, start + UPDATE_BLOCK)
         p, g = flat_p[piece], flat_g[piece] * dt(scale) if scale != 1.0 else flat_g[piece].copy()
