@@ -176,6 +176,12 @@ class WorkerEngine:
                 outs.append(out)
             xs = outs
             del params  # before the stream resumes: only this unit's successor and the next-but-one alive
+        order = list(reversed(range(n_units)))
+        # backward's first streamed unit (the last one of forward is kept) is fetched during the loss: asked
+        # for only when backward reaches it, its whole fetch was a wait every step
+        ahead = None
+        if not self.pipelined and n_units > 1:
+            ahead = self._fetch.submit(self.units.get_unit, step, order[1], BACKWARD)
         loss = 0.0
         dys: list[np.ndarray | None] = []
         for xk, yk in zip(xs, ys, strict=True):
@@ -185,13 +191,12 @@ class WorkerEngine:
         del xs, ce
         pushes: deque[Future[None]] = deque()
         recomputed = 0
-        order = list(reversed(range(n_units)))
         if self.pipelined:
             units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
         else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
-            rest = self._stream(step, order[1:], BACKWARD, wait) if len(order) > 1 else iter(())
+            rest = self._stream(step, order[1:], BACKWARD, wait, ahead) if ahead else iter(())
             units = _kept_then_streamed(order[0], last_params, rest)
-        del last_params  # the generator holds it until backward has used it, and no longer
+        del last_params, ahead  # the generators hold them until backward has used them, and no longer
         for u, params in units:
             unit = self.model.units[u]
             total: Tensors = {}

@@ -7,6 +7,7 @@ or with another configuration of itself, on the same weights and the same shard.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import weakref
 from typing import Any
@@ -175,6 +176,41 @@ def test_the_first_units_weights_are_asked_for_before_the_batch() -> None:
     finally:
         engine.close()
     assert order == ["unit", "batch"]
+
+
+def test_backwards_first_streamed_unit_is_asked_for_before_backward_begins() -> None:
+    """The last forward unit is kept for backward; the next one (L-2) is fetched while the loss and that
+    unit's backward run, not when backward reaches it (then its whole fetch was a wait every step). The
+    head's backward here waits for that fetch to be asked for: it would wait forever if it came after."""
+    units = FakeUnits(WEIGHTS)
+    asked = threading.Event()
+    get_unit = units.get_unit
+
+    def unit(step: int, u: int, phase: int) -> Tensors:
+        if (u, phase) == (L - 2, BACKWARD):
+            asked.set()
+        return get_unit(step, u, phase)
+
+    head = MODEL.units[L - 1]
+
+    class WaitingHead:
+        param_names = head.param_names
+
+        def forward(self, *args: Any) -> Any:
+            return head.forward(*args)
+
+        def backward(self, *args: Any) -> Any:
+            assert asked.wait(10), "backward began before its next unit was asked for"
+            return head.backward(*args)
+
+    model = dataclasses.replace(MODEL, units=(*MODEL.units[:-1], WaitingHead()))
+    units.get_unit = unit  # type: ignore[method-assign]
+    engine = WorkerEngine(model, 0, WORKERS, units, FakeBatches())
+    try:
+        engine.run_step(STEP)
+    finally:
+        engine.close()
+    assert (STEP, L - 2, BACKWARD) in units.fetches and units.max_live == 2
 
 
 def test_gradients_go_up_once_per_unit_in_backward_order_one_per_use_of_the_tied_embedding() -> None:
