@@ -1,6 +1,6 @@
 """Mappings kept from fetch to fetch (transport/shm_cache.py's MappingCache, the workers' weights on the
 shared-memory plane): the same memfd is mapped once, a memfd replaced under the same fd number is mapped
-anew, every fetch is still checked (tag and CRC-32C), at most ``capacity`` mappings are kept, and only
+anew, every fetch is still checked (tag and checksum), at most ``capacity`` mappings are kept, and only
 workers without a memory budget keep them."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
     messages, grads = _worker_push(job, model, arena, unit)
     sent = references_only(messages)
     assert sent is not None
-    where = {t.name: (t.shm_pid, t.shm_fd, t.offset, t.crc32c) for t in sent[1].tensors}
+    where = {t.name: (t.shm_pid, t.shm_fd, t.offset, t.xxh3) for t in sent[1].tensors}
 
     def no_mapping(*args: Any) -> None:
         raise AssertionError("SwarmX mapped a gradient it only had to pass on")
@@ -88,7 +88,7 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
         head, header = relayed
         assert (head.step, head.unit) == (3, unit)
         assert sorted(t.name for t in header.tensors) == mine
-        assert all((t.shm_pid, t.shm_fd, t.offset, t.crc32c) == where[t.name] for t in header.tensors)
+        assert all((t.shm_pid, t.shm_fd, t.offset, t.xxh3) == where[t.name] for t in header.tensors)
         _, out = read_messages(got, shm_tag(job))  # what MemoryX reads: the worker's bytes, checked
         for n in mine:
             np.testing.assert_array_equal(out[n], grads[n])
@@ -105,7 +105,7 @@ def test_a_corrupt_gradient_passed_on_is_still_caught_at_memoryx(tmp_path: Path)
     sent = references_only(messages)
     assert sent is not None
     _, header = sent
-    header.tensors[0].crc32c ^= 1  # as if the bytes had changed on the way
+    header.tensors[0].xxh3 ^= 1  # as if the bytes had changed on the way
     bad = [tensors_module.header_message(header)]
     swarmx_service.SwarmXServicer(host).PushGradients(iter(bad), DirectContext())  # passed on unchecked
     got = [m for msgs in received.values() for m in msgs]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xxhash
 from numpy.testing import assert_array_equal
 
 from weightstream.proto import weightstream_pb2 as pb
@@ -45,6 +46,23 @@ def test_corruption_is_detected(rng) -> None:
         T.read_messages([bytes(data)])
 
 
+def test_the_header_carries_each_tensors_xxh3_64_of_the_bytes_as_sent(rng) -> None:
+    """The wire format: ``TensorHeader.xxh3`` is XXH3-64 (seed 0) of the tensor's bytes on the wire (as
+    bfloat16 where they travel so), what any reader of the format checks; a single flipped bit anywhere
+    in a 1 MiB tensor changes it."""
+    x = rng.standard_normal(1 << 18).astype(np.float32)
+    for bf16, wire in ((False, x), (True, T.f32_to_bf16(x))):
+        first = next(iter(T.tensor_messages([("x", x)], bf16=bf16)))  # the header, then payload
+        (n,) = T._LEN.unpack_from(first)
+        sent = pb.TensorSetHeader.FromString(first[4 : 4 + n]).tensors[0]
+        assert sent.xxh3 == xxhash.xxh3_64_intdigest(wire.tobytes())
+    flipped = x.copy()
+    for pos in (0, flipped.nbytes // 2, flipped.nbytes - 1):
+        flipped.view(np.uint8)[pos] ^= 0x80
+        assert T.checksum(flipped.view(np.uint8)) != T.checksum(x.view(np.uint8))
+        flipped.view(np.uint8)[pos] ^= 0x80
+
+
 def test_truncated_and_malformed_streams_are_rejected(small_chunks: int, rng) -> None:
     msgs = list(T.tensor_messages([("w", rng.standard_normal(500).astype(np.float32))]))
     assert len(msgs) > 2
@@ -71,10 +89,10 @@ def test_segments_concatenate(rng) -> None:
 
 def test_known_checksums_are_trusted_only_for_unconverted_tensors(rng) -> None:
     x = rng.standard_normal(100).astype(np.float32)
-    [msg] = list(T.tensor_messages([("x", x)], crcs={"x": 12345}))
+    [msg] = list(T.tensor_messages([("x", x)], checksums={"x": 12345}))
     with pytest.raises(ChecksumError):  # a wrong cached checksum is caught by the receiver
         T.read_messages([msg])
-    [msg] = list(T.tensor_messages([("x", x)], bf16=True, crcs={"x": 12345}))
+    [msg] = list(T.tensor_messages([("x", x)], bf16=True, checksums={"x": 12345}))
     assert T.read_messages([msg])[1]["x"].dtype == np.float32  # converted: its own checksum is computed
 
 

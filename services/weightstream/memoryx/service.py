@@ -121,12 +121,12 @@ class MemoryXServicer:
         try:
             tensors = shard.tensors(request.step, list(request.names))
             bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
-            crcs = None if bf16 else shard.checksums(tensors)
+            sums = None if bf16 else shard.checksums(tensors)
             # weights in memfds travel by reference; bfloat16 needs a converted copy: over gRPC then
             shm = REFERENCES_ONLY if shard.shares_weights and not bf16 else None
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_messages(tensors, bf16=bf16, crcs=crcs, shm=shm)
+        yield from tensor_messages(tensors, bf16=bf16, checksums=sums, shm=shm)
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)

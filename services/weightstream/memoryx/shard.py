@@ -123,7 +123,7 @@ class MemoryXShard(ShardCheckpoints):
         self._in_ram = isinstance(self.store, MemoryStore)
         self._norms = ThreadPoolExecutor(1, thread_name_prefix="memoryx-norm") if self._in_ram else None
         self._sq_parts: dict[str, Future[float]] = {}
-        self._crcs: dict[str, int] = {}  # checksums of the current weights: sent twice per step
+        self._sums: dict[str, int] = {}  # checksums of the current weights: sent twice per step
         self._cond = threading.Condition()
         # While apply_update(step) runs (outside the lock, tensor by tensor): that step, and the tensors
         # already updated, which tensors(step + 1) may serve before the whole update is done.
@@ -233,13 +233,13 @@ class MemoryXShard(ShardCheckpoints):
         return {key.rsplit(".", 1)[1]: self.store.get(key) for key in self.state_keys[name]}
 
     def checksums(self, tensors: Sequence[tuple[str, np.ndarray]]) -> dict[str, int]:
-        """CRC-32C of ``tensors`` (as ``tensors()`` returned them), cached until the next update."""
+        """XXH3-64 checksums of ``tensors`` (as ``tensors()`` returned them), cached until the next update."""
         with self._cond:
-            missing = [(n, t) for n, t in tensors if n not in self._crcs]
+            missing = [(n, t) for n, t in tensors if n not in self._sums]
         fresh = {n: checksum(t.reshape(-1).view(np.uint8)) for n, t in missing}
         with self._cond:
-            self._crcs.update(fresh)
-            return {n: self._crcs[n] for n, _ in tensors}
+            self._sums.update(fresh)
+            return {n: self._sums[n] for n, _ in tensors}
 
     # -- gradients in --------------------------------------------------------------------------------------
     def add_gradient(
@@ -362,7 +362,7 @@ class MemoryXShard(ShardCheckpoints):
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])
                 if not remask:
                     with self._cond:
-                        self._crcs.pop(n, None)
+                        self._sums.pop(n, None)
                         self._fresh.add(n)
                         self._cond.notify_all()
             for n in remask:  # dynamic sparsity: masks made again from these weights
@@ -373,7 +373,7 @@ class MemoryXShard(ShardCheckpoints):
             with self._cond:
                 self._drop_gradients()
                 if remask:
-                    self._crcs = {}
+                    self._sums = {}
                 self.step += 1
         finally:
             with self._cond:

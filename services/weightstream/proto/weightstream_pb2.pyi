@@ -20,13 +20,13 @@ class StreamHead(_message.Message):
     def __init__(self, step: _Optional[int] = ..., unit: _Optional[int] = ..., phase: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "crc32c", "shm_pid", "shm_fd")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "xxh3", "shm_pid", "shm_fd")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
-    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     SHM_PID_FIELD_NUMBER: _ClassVar[int]
     SHM_FD_FIELD_NUMBER: _ClassVar[int]
     name: str
@@ -34,10 +34,10 @@ class TensorHeader(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     nbytes: int
-    crc32c: int
+    xxh3: int
     shm_pid: int
     shm_fd: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., shm_pid: _Optional[int] = ..., shm_fd: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., xxh3: _Optional[int] = ..., shm_pid: _Optional[int] = ..., shm_fd: _Optional[int] = ...) -> None: ...
 
 class TensorSetHeader(_message.Message):
     __slots__ = ("head", "tensors", "total_bytes")

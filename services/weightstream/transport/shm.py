@@ -6,7 +6,7 @@ workers' compute. Between roles on one host (the local backend) the sender inste
 memfd and sends only the header naming ``(pid, fd, offset)``; the receiver maps that memfd read-only and
 computes on the mapping: no copy at all for weights, which MemoryX keeps in memfds for good, and one copy
 for a gradient (into a memfd the pusher holds open until the call returns). A SwarmX relay forwards the
-header alone. The receiver still checks every tensor's CRC-32C, end to end, as on the gRPC path.
+header alone. The receiver still checks every tensor's checksum (XXH3-64), end to end, as on the gRPC path.
 
 Why memfd + ``/proc/<pid>/fd/<fd>`` rather than named ``/dev/shm`` segments: a memfd has no name that can
 outlive its processes. It lives while its owner holds the fd or anyone maps it, so a SIGKILLed role leaks

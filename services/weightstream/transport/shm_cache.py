@@ -23,7 +23,7 @@ class MappingCache:
     compares its identity (device, inode, size) with the kept mapping's: a memfd replaced under the same
     fd number is mapped anew. A kept mapping keeps its memfd's inode alive, so its number cannot be
     reused while it is kept. What is read through a kept mapping is what the sender's memfd holds now
-    (a shared mapping), and the receiver checks the CRC-32C on every call as before.
+    (a shared mapping), and the receiver checks the checksum on every call as before.
 
     The cost: the kept mappings' pages count in the receiver's resident memory (they are the sender's
     pages, not copies), and a memfd the sender has let go stays allocated until its mapping is pushed

@@ -1,7 +1,7 @@
 """A sparse tensor on the wire: its kept values plus a compact index of where they go.
 
 A sparse weight [R, C] travels as two tensors of the ordinary stream format (so every part carries its
-own CRC-32C over exactly the bytes sent, and a relay forwards them untouched):
+own checksum over exactly the bytes sent, and a relay forwards them untouched):
 
 - ``<name>``: the kept values, 1-D, in ascending position order (bfloat16 when the job uses it);
 - ``<name>::bitmask`` or ``<name>::delta``: the index, bytes (uint8), whichever is smaller at that density:

@@ -151,7 +151,7 @@ def test_weights_of_a_step_already_passed_are_refused() -> None:
 
 
 def test_checksums_sent_with_the_next_steps_weights_are_of_the_updated_values() -> None:
-    """The shard caches each weight's CRC-32C for the step's two passes; an updated tensor's cached
+    """The shard caches each weight's checksum for the step's two passes; an updated tensor's cached
     checksum must go with its update, or a worker would reject the new weights."""
     shard, model = _shard()
     names = list(model.specs)
