@@ -304,3 +304,23 @@ def test_batched_products_run_on_mkl(monkeypatch: pytest.MonkeyPatch) -> None:
     _gemm.bmm(a, b, out)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
     assert not np.array_equal(out, np.matmul(a, b))
+
+
+def test_numpys_engine_is_reported_as_numpys_own_blas_whatever_order_the_libraries_are_listed_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scipy's wheels bring an OpenBLAS of their own (another version), and threadpoolctl lists the two in
+    no fixed order (one process in six here put scipy's first): the benches' ``gemm_engine`` named
+    0.3.30 in one run and 0.3.31 in the next, the same code. The report names numpy's own library."""
+    import threadpoolctl
+
+    site = "/site-packages"
+    scipys = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.30", "architecture": "Zen",
+              "filepath": f"{site}/scipy.libs/libscipy_openblas-1.so"}  # fmt: skip
+    numpys = {**scipys, "version": "0.3.31", "architecture": "Haswell",
+              "filepath": f"{site}/numpy.libs/libscipy_openblas64_-2.so"}  # fmt: skip
+    for listed in ([scipys, numpys], [numpys, scipys]):
+        monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda listed=listed: listed)
+        assert _gemm._numpy_blas() == "numpy (openblas 0.3.31 Haswell)"
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [scipys])  # numpy's BLAS elsewhere
+    assert _gemm._numpy_blas() == "numpy (openblas 0.3.30 Zen)"
