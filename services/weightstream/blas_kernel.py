@@ -99,7 +99,7 @@ def _loaded_coretype() -> str | None:
         from threadpoolctl import threadpool_info
     except ImportError:
         return None
-    for info in threadpool_info():
-        if info.get("internal_api") == "openblas" and info.get("architecture"):
-            return str(info["architecture"])
-    return None
+    loaded = [i for i in threadpool_info() if i.get("internal_api") == "openblas" and i.get("architecture")]
+    # numpy's own library first: scipy's wheels load another OpenBLAS, listed in no fixed order
+    own = [i for i in loaded if os.path.basename(os.path.dirname(i.get("filepath", ""))) == "numpy.libs"]
+    return str((own or loaded)[0]["architecture"]) if loaded else None

@@ -54,12 +54,31 @@ def test_too_late_a_process_passes_on_the_kernels_it_has() -> None:
     """numpy is loaded in this process: the roles it starts are told to compute with its kernels."""
     from threadpoolctl import threadpool_info
 
-    loaded = [i["architecture"] for i in threadpool_info() if i.get("internal_api") == "openblas"]
-    if not loaded:
-        pytest.skip("numpy here is not built on OpenBLAS")
+    loaded = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    own = [
+        i["architecture"] for i in loaded if os.path.basename(os.path.dirname(i["filepath"])) == "numpy.libs"
+    ]
+    if not own:
+        pytest.skip("numpy here is not built on an OpenBLAS of its own wheel")
     environ: dict[str, str] = {}
     got = choose_openblas_kernel(environ, modules=sys.modules, cpuinfo=ZEN4)
-    assert got == loaded[0] and environ == {CORETYPE_ENV: loaded[0]}
+    assert got == own[0] and environ == {CORETYPE_ENV: own[0]}
+
+
+def test_too_late_the_kernels_passed_on_are_numpys_whatever_order_the_libraries_are_listed_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scipy's wheels load an OpenBLAS of their own, and threadpoolctl lists the two in no fixed order:
+    the roles must be told numpy's kernels, which compute their products, not scipy's."""
+    import threadpoolctl
+
+    scipys = {"internal_api": "openblas", "architecture": "Zen", "filepath": "/sp/scipy.libs/libopenblas.so"}
+    numpys = {**scipys, "architecture": "Haswell", "filepath": "/sp/numpy.libs/libscipy_openblas64_.so"}
+    for listed in ([scipys, numpys], [numpys, scipys]):
+        monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda listed=listed: listed)
+        environ: dict[str, str] = {}
+        assert choose_openblas_kernel(environ, modules={"numpy": object()}, cpuinfo=ZEN4) == "Haswell"
+        assert environ == {CORETYPE_ENV: "Haswell"}
 
 
 _REPORT = (
