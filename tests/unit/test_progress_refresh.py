@@ -1,6 +1,6 @@
 """The progress bars redraw twice a second, not rich's default ten (console.py's ``step_progress``, the
-client's ``ProgressBar``): a redraw costs CPU in a terminal (15 ms a second at ten here), taken from the
-workers' compute when the appliance trains on the same small machine."""
+client's ``ProgressBar``, ``weightstream data-preprocess``'s bar): a redraw costs CPU in a terminal (15 ms a
+second at ten here), taken from the workers' compute (or the tokenizers) on the same small machine."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from weightstream.console import step_progress
+from weightstream.data.cli import preprocess_progress
 from weightstream_client._progress import ProgressBar
 
 
@@ -44,4 +45,12 @@ def test_the_clients_follow_bar_redraws_twice_a_second() -> None:
         n = _redraws(bar.p, 1.5)
     finally:
         bar.close()
+    assert 1 <= n <= 5
+
+
+def test_the_preprocessing_bar_redraws_twice_a_second() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    with preprocess_progress(console) as progress:
+        progress.add_task("preprocessing", total=10, documents=0, tokens=0)
+        n = _redraws(progress, 1.5)
     assert 1 <= n <= 5
