@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
 
-__all__ = ["CORETYPE_ENV", "choose_openblas_kernel", "preferred_coretype"]
+__all__ = ["CORETYPE_ENV", "choose_openblas_kernel", "numpys_blas", "preferred_coretype"]
 
 CORETYPE_ENV = "OPENBLAS_CORETYPE"
 
@@ -99,7 +100,15 @@ def _loaded_coretype() -> str | None:
         from threadpoolctl import threadpool_info
     except ImportError:
         return None
-    loaded = [i for i in threadpool_info() if i.get("internal_api") == "openblas" and i.get("architecture")]
-    # numpy's own library first: scipy's wheels load another OpenBLAS, listed in no fixed order
-    own = [i for i in loaded if os.path.basename(os.path.dirname(i.get("filepath", ""))) == "numpy.libs"]
-    return str((own or loaded)[0]["architecture"]) if loaded else None
+    info = numpys_blas(
+        [i for i in threadpool_info() if i.get("internal_api") == "openblas" and i.get("architecture")]
+    )
+    return str(info["architecture"]) if info is not None else None
+
+
+def numpys_blas(infos: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Of BLAS libraries as ``threadpoolctl.threadpool_info()`` lists them, the one numpy's products run on:
+    its own wheel's (in ``numpy.libs``) where listed, else the first; None if none. scipy's wheels load
+    another OpenBLAS (another version), and threadpoolctl lists the two in no fixed order."""
+    own = [i for i in infos if os.path.basename(os.path.dirname(i.get("filepath", ""))) == "numpy.libs"]
+    return (own or list(infos) or [None])[0]

@@ -31,9 +31,10 @@ import ctypes
 import importlib.metadata
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
+
+from weightstream.blas_kernel import numpys_blas
 
 __all__ = ["bmm", "cpu_vendor", "engine", "gemm"]
 
@@ -95,12 +96,9 @@ def _numpy_blas() -> str:
         infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     except Exception:  # a report, never a reason to fail
         infos = []
-    if not infos:
+    info = numpys_blas(infos)
+    if info is None:
         return "numpy"
-    # numpy's own library: scipy's wheels bring another OpenBLAS (another version), listed first when
-    # scipy was imported first, and it is not the one numpy's products run on
-    own = [i for i in infos if Path(i.get("filepath", "")).parent.name == "numpy.libs"]
-    info = (own or infos)[0]
     # e.g. "numpy (openblas 0.3.31 Haswell)": the kernel set says whether blas_kernel.py's choice took
     words = [info.get("internal_api", "blas"), info.get("version", ""), info.get("architecture", "")]
     return f"numpy ({' '.join(w for w in words if w)})"

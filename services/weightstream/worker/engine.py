@@ -194,7 +194,7 @@ class WorkerEngine:
         if self.pipelined:
             units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
         else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
-            rest = self._stream(step, order[1:], BACKWARD, wait, ahead) if ahead else iter(())
+            rest = self._stream(step, order[1:], BACKWARD, wait, ahead) if ahead is not None else iter(())
             units = _kept_then_streamed(order[0], last_params, rest)
         del last_params, ahead  # the generators hold them until backward has used them, and no longer
         for u, params in units:
