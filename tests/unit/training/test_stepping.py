@@ -1,0 +1,83 @@
+"""The coordinator's step driver (training/stepping.py) against a role plane that records what it is asked,
+in which order: the next step's RunStep goes out before this step's GradNormSq when a step follows, never
+otherwise, and a diverged step applies no update."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from weightstream.numerics.optim import OptimizerConfig, SchedulePiece
+from weightstream.proto import weightstream_pb2 as pb
+from weightstream.training.divergence import TrainingDiverged
+from weightstream.training.stepping import StepDriver
+
+OPT = OptimizerConfig("adamw", (SchedulePiece("Constant", 1e-3, 1e-3, 1 << 62),), max_gradient_norm=1.0)
+
+
+class RecordingRoles:
+    """A stand-in for ``RolePlane``: records each (method, step) call. GradNormSq(s) waits up to
+    ``wait_s`` for RunStep(s + 1) to have been asked for, and records whether it had."""
+
+    def __init__(self, sq_sum: float = 4.0, wait_s: float = 0.0) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.sent_ahead: dict[int, bool] = {}  # step s -> RunStep(s + 1) asked for before GradNormSq(s) ended
+        self.sq_sum, self.wait_s = sq_sum, wait_s
+        self._lock = threading.Lock()
+        self._runstep: dict[int, threading.Event] = {}
+        self._pool = ThreadPoolExecutor(2)
+
+    def _event(self, step: int) -> threading.Event:
+        with self._lock:
+            return self._runstep.setdefault(step, threading.Event())
+
+    def submit(self, fn: Any) -> Future[Any]:
+        return self._pool.submit(fn)
+
+    def rpc_all(self, kind: str, method: str, request: Any, watch: bool = True) -> list[Any]:
+        with self._lock:
+            self.calls.append((method, request.step))
+        if method == "RunStep":
+            self._event(request.step).set()
+            return [pb.RunStepReply(loss=2.5, tokens=16, compute_s=0.1, wait_s=0.01)]
+        if method == "GradNormSq":
+            self.sent_ahead[request.step] = self._event(request.step + 1).wait(self.wait_s)
+            return [pb.NormReply(sq_sum=self.sq_sum)]
+        assert method == "ApplyUpdate", method
+        return [pb.Ack()]
+
+
+def test_the_next_steps_runstep_is_sent_before_this_steps_gradient_norm() -> None:
+    roles = RecordingRoles()
+    driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
+    for step in range(3):
+        roles.wait_s = 5.0 if step < 2 else 0.0  # no step 4 to wait for after step 3
+        record = driver.step(step, next_is_step=step < 2)
+        driver.committed()
+        assert record["step"] == step + 1 and record["grad_norm"] == 2.0
+    # the workers were asked for steps 1 and 2 while steps 0 and 1's norms were still being computed
+    assert roles.sent_ahead == {0: True, 1: True, 2: False}
+    assert driver.overlapped == 2
+    runsteps = [s for m, s in roles.calls if m == "RunStep"]
+    assert runsteps == [0, 1, 2]  # each step's RunStep once: the one sent ahead is the one used
+    assert [s for m, s in roles.calls if m == "ApplyUpdate"] == [0, 1, 2]
+
+
+def test_no_runstep_goes_ahead_of_a_step_that_is_not_next() -> None:
+    roles = RecordingRoles()
+    driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
+    driver.step(0, next_is_step=False)  # e.g. an evaluation or a checkpoint comes after step 1
+    assert roles.calls == [("RunStep", 0), ("GradNormSq", 0), ("ApplyUpdate", 0)]
+    assert driver.overlapped == 0
+
+
+def test_a_diverged_step_applies_no_update() -> None:
+    roles = RecordingRoles(sq_sum=float("inf"))
+    driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
+    with pytest.raises(TrainingDiverged, match="step 1: the gradient norm is inf"):
+        driver.step(0, next_is_step=True)
+    assert ("ApplyUpdate", 0) not in roles.calls
+    assert driver.applying is None
