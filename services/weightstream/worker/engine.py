@@ -92,7 +92,8 @@ class WorkerEngine:
         unit_bytes = [model.unit_bytes(u) for u in range(len(model.units))]
         # weights count against the budget first: two units while streaming, all of them when pipelined
         self.weight_bytes = sum(unit_bytes) if pipelined else 2 * max(unit_bytes)
-        self._fetch = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-prefetch")
+        # two: at a step's start units 0 and 1 are asked for at once (``run_step``); one at a time after
+        self._fetch = ThreadPoolExecutor(2, thread_name_prefix=f"worker{index}-prefetch")
         self._push = ThreadPoolExecutor(1, thread_name_prefix=f"worker{index}-push")
         self._closed = False
 
@@ -113,23 +114,24 @@ class WorkerEngine:
         order: list[int],
         phase: int,
         clock: list[float],
-        first: Future[Tensors] | None = None,
+        started: Iterable[Future[Tensors]] = (),
     ) -> Iterator[tuple[int, Tensors]]:
         """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one.
-        ``first``: the fetch of ``order[0]``, if already under way."""
-        nxt = first or self._fetch.submit(self.units.get_unit, step, order[0], phase)
-        del first  # a future holds its result: only ``nxt`` may, or the unit would outlive its use
-        for i, u in enumerate(order):
-            assert nxt is not None
+        ``started``: the fetches of ``order[0]``, ``order[1]``, ... already under way (at most two)."""
+        pending = deque(started)  # a future holds its result: once popped, only ``params`` may
+        del started  # nor may the caller's list, or a unit would outlive its use
+        asked = len(pending)  # units of ``order`` asked for so far
+        for u in order:
             self._check_open()
+            if not pending:
+                pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
+                asked += 1
             t0 = time.perf_counter()
-            params = nxt.result()
+            params = pending.popleft().result()
             clock[0] += time.perf_counter() - t0
-            nxt = (
-                self._fetch.submit(self.units.get_unit, step, order[i + 1], phase)
-                if i + 1 < len(order)
-                else None
-            )
+            if not pending and asked < len(order):
+                pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
+                asked += 1
             yield u, params
             del params  # at most this unit and the prefetched next one are alive
 
@@ -140,23 +142,25 @@ class WorkerEngine:
         micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
         t_start = time.perf_counter()
         wait = [0.0]
-        # the first unit's weights are asked for first: at a step's start they wait for MemoryX to update
-        # them, and the batch arrives meanwhile
-        unit0 = self._fetch.submit(self.units.get_unit, step, 0, FORWARD)
+        # the first units' weights are asked for first: at a step's start they wait for MemoryX to update
+        # them, and the batch arrives meanwhile. Units 0 and 1 at once: asked for only once unit 0 was
+        # here, unit 1's round trip through SwarmX and MemoryX was a wait every step (~7 ms at GPT-2
+        # d512/L4, its update long done); the two are the most the stream holds anyway
+        n_units = len(self.model.units)
+        opening = [self._fetch.submit(self.units.get_unit, step, u, FORWARD) for u in range(min(2, n_units))]
         # denom: the global batch's loss denominator (counted tokens: the shard alone cannot tell them)
         x, y, denom = self.batches.get("train", step, self.index, self.num_workers)
         m = self.micro_batch or len(x)
         xs = [x[i : i + m] for i in range(0, len(x), m)]  # micro-batches: [m, ...] each
         ys = [y[i : i + m] for i in range(0, len(y), m)]
         first = [self.index * len(x) + i for i in range(0, len(x), m)]  # global index of each one's row 0
-        n_units = len(self.model.units)
         inputs: list[list[np.ndarray]] = []
         saved: list[list[Any]] = []
         resident: dict[int, Tensors] = {}
         kept = self.weight_bytes
         last_params: Tensors = {}
-        forward = self._stream(step, list(range(n_units)), FORWARD, wait, unit0)
-        del unit0  # the generator has it (a future holds its result: unit 0 must not live on here)
+        forward = self._stream(step, list(range(n_units)), FORWARD, wait, opening)
+        del opening  # the generator has them (a future holds its result: a unit must not live on here)
         for u, params in forward:
             if u == n_units - 1:
                 last_params = params
@@ -194,7 +198,7 @@ class WorkerEngine:
         if self.pipelined:
             units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
         else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
-            rest = self._stream(step, order[1:], BACKWARD, wait, ahead) if ahead is not None else iter(())
+            rest = self._stream(step, order[1:], BACKWARD, wait, [ahead]) if ahead is not None else iter(())
             units = _kept_then_streamed(order[0], last_params, rest)
         del last_params, ahead  # the generators hold them until backward has used them, and no longer
         for u, params in units:

@@ -71,6 +71,11 @@ class FakeUnits:
         with self._lock:  # copies: what went up must not change afterwards
             self.pushes.append((step, unit, {n: g.copy() for n, g in grads.items()}))
 
+    def in_order(self) -> list[tuple[int, int, int]]:
+        """``fetches`` with the first two in unit order: a step asks for units 0 and 1 at once, so either
+        may be recorded first."""
+        return sorted(self.fetches[:2]) + self.fetches[2:]
+
     def summed(self) -> Tensors:
         """Pushed gradients summed by name in push order (what MemoryX does with a tied tensor)."""
         total: Tensors = {}
@@ -147,7 +152,33 @@ def test_units_stream_forward_then_backward_reusing_the_last_one() -> None:
     _, units = run_step()
     forward = [(STEP, u, FORWARD) for u in range(L)]
     backward = [(STEP, u, BACKWARD) for u in reversed(range(L - 1))]
-    assert units.fetches == forward + backward
+    assert units.in_order() == forward + backward
+
+
+def test_the_second_unit_is_asked_for_with_the_first_at_a_steps_start() -> None:
+    """At a step's start both wait for MemoryX's update: unit 1's fetch goes out with unit 0's, not once
+    unit 0 is here (then its round trip was a wait every step). Unit 0's fetch here waits for unit 1's
+    to be asked for: it would wait out its 10 s if unit 1 came after it. No more than two units at once."""
+    units = FakeUnits(WEIGHTS)
+    second = threading.Event()
+    waited: list[bool] = []
+    get_unit = units.get_unit
+
+    def unit(step: int, u: int, phase: int) -> Tensors:
+        if (u, phase) == (1, FORWARD):
+            second.set()
+        if (u, phase) == (0, FORWARD):
+            waited.append(second.wait(10))
+        return get_unit(step, u, phase)
+
+    units.get_unit = unit  # type: ignore[method-assign]
+    engine = WorkerEngine(MODEL, 0, WORKERS, units, FakeBatches())
+    try:
+        engine.run_step(STEP)
+    finally:
+        engine.close()
+    assert waited == [True], "unit 1 was asked for only after unit 0 had arrived"
+    assert units.max_live == 2
 
 
 def test_the_first_units_weights_are_asked_for_before_the_batch() -> None:
@@ -245,7 +276,7 @@ def test_recompute_in_backward_gives_the_same_step(budget: int, recomputed: int)
     assert outcome.recomputed_units == recomputed
     assert outcome.loss == plain.loss
     assert_same_grads(units.summed(), plain_units.summed())
-    assert units.fetches == plain_units.fetches  # recompute uses the weights streamed in anyway
+    assert units.in_order() == plain_units.in_order()  # recompute uses the weights streamed in anyway
 
 
 @pytest.mark.parametrize("micro", [1, 2, 3])  # 3: a shard of 4 in uneven pieces
@@ -256,7 +287,7 @@ def test_micro_batches_accumulate_to_the_whole_shard(micro: int) -> None:
     assert outcome.loss == pytest.approx(plain.loss, rel=1e-6)
     assert outcome.tokens == plain.tokens
     assert_same_grads(units.summed(), plain_units.summed(), exact=False)
-    assert units.fetches == plain_units.fetches
+    assert units.in_order() == plain_units.in_order()
 
 
 def test_micro_batches_with_recompute_give_the_same_step() -> None:
@@ -272,7 +303,7 @@ def test_pipelined_fetches_each_unit_once_and_is_bitwise_identical() -> None:
     """Pipelined keeps forward's weights for backward (no backward fetches), same bits as streaming."""
     outcome, units = run_step(pipelined=True)
     plain, plain_units = run_step()
-    assert units.fetches == [(STEP, u, FORWARD) for u in range(L)]
+    assert units.in_order() == [(STEP, u, FORWARD) for u in range(L)]
     assert outcome.loss == plain.loss
     assert [u for _, u, _ in units.pushes] == [u for _, u, _ in plain_units.pushes]
     assert_same_grads(units.summed(), plain_units.summed())
