@@ -5,10 +5,9 @@ Step protocol (the coordinator drives it, each call with a deadline):
                           ``step - 1`` is being applied, a tensor is served as soon as it is updated, so
                           the workers' next forward overlaps the rest of the update)
   add_gradient(step, u)   the reduced gradient of unit u for this step (a tied tensor gets one per unit)
-  grad_sq_sum(step)       waits until every expected gradient is in, sums them in unit order (so the
-                          result is the same whatever order they arrived in), returns the sum of squares;
-                          in memory mode a tensor's own sum of squares is computed in the background as
-                          soon as its gradient is complete, so only the last arrivals are left to do here
+  grad_sq_sum(step)       waits until every expected gradient is in, returns their sum of squares (a tied
+                          tensor's parts added in unit order: the same bits whatever the arrival order);
+                          in memory mode computed in the background as each gradient completes
   apply_update(step, ..)  clip, optimizer step; idempotent: a repeated call for an applied step is a no-op
 
 Where the tensors live is a ``store``: RAM (``MemoryStore``) or files read and written in blocks
@@ -28,19 +27,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from weightstream.memoryx import grad_sums
 from weightstream.memoryx.shard_checkpoints import ShardCheckpoints
 from weightstream.memoryx.sparse import SparseTensors
 from weightstream.memoryx.storage import start_tensors
 from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
-from weightstream.numerics.optim import add_sq_sum, optimizer_step, state_names
+from weightstream.numerics.optim import optimizer_step, state_names
 from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.transport.fencing import check_generation
 from weightstream.transport.shm import SharedArena
@@ -116,10 +117,8 @@ class MemoryXShard(ShardCheckpoints):
             raise
         self._pending: dict[str, set[int]] = {n: set() for n in self.names}  # units whose gradient is in
         self._sq_sum: float | None = None  # of this step's gradients, once complete
-        # Each tensor's sum of squares, computed as its gradient completes (memory mode: the disk store
-        # reads every block into one buffer it reuses): at the end of a step the norm then waits only for
-        # the last gradients to arrive, not for a pass over all of them (at GPT-2 d768/L12 ~0.1 s a step).
-        # Summed in the tensors' order all the same, so the bits do not depend on arrival order.
+        # Each tensor's sum of squares as its gradient completes (memory mode; the disk store reuses one
+        # block buffer): the norm waits only for the last arrivals, not a pass over all (d768/L12: ~0.1 s)
         self._in_ram = isinstance(self.store, MemoryStore)
         self._norms = ThreadPoolExecutor(1, thread_name_prefix="memoryx-norm") if self._in_ram else None
         self._sq_parts: dict[str, Future[float]] = {}
@@ -264,10 +263,29 @@ class MemoryXShard(ShardCheckpoints):
             for name, g in grads.items():
                 self.store.put(f"{name}.grad.{unit}", g.astype(np.float32, copy=False))
                 self._pending[name].add(unit)
-                if self._norms is not None and len(self.users[name]) == 1:  # complete: sum it now
-                    blocks = list(self.store.blocks(f"{name}.grad.{unit}"))  # views: kept if dropped
-                    self._sq_parts[name] = self._norms.submit(_sq_sum_of, blocks)
+                if self._norms is not None and len(self._pending[name]) == len(self.users[name]):
+                    self._sq_parts[name] = self._norms.submit(self._eager_sum(name))  # complete: now
             self._cond.notify_all()
+
+    def _eager_sum(self, n: str) -> Callable[[], float]:
+        """What computes in the background (memory mode; called under the lock) the sum of squares of
+        tensor ``n``'s complete gradient; a tied tensor's parts are added first, in unit order, into
+        ``<n>.grad`` (its last part, the embedding's, comes last in backward: added when the norm was asked,
+        ~2-3 ms at GPT-2 d512/L4 on the critical path). Views: a reset's drop leaves a running sum its
+        arrays, and the one thread runs the next attempt's sum after it."""
+        users = self.users[n]
+        if len(users) == 1:
+            return partial(grad_sums.sq_sum_of, list(self.store.blocks(f"{n}.grad.{users[0]}")))
+        key = self._sum_buffer(n)
+        parts = [self.store.get(k).reshape(-1) for k in (key, *(f"{n}.grad.{u}" for u in users))]
+        return partial(grad_sums.added_sq_sum, parts, list(self.store.blocks(key)))
+
+    def _sum_buffer(self, n: str) -> str:
+        """The key of tied tensor ``n``'s sum; in RAM kept from step to step (``_drop_gradients``)."""
+        key = self._grad_key(n)
+        if self.store.shapes.get(key) != self._shape(n):
+            self.store.zeros(key, self._shape(n))
+        return key
 
     def _complete(self) -> bool:
         return all(len(self._pending[n]) == len(self.users[n]) for n in self.names)
@@ -279,23 +297,11 @@ class MemoryXShard(ShardCheckpoints):
 
     def _sum_gradient(self, n: str) -> str:
         """The key of tensor ``n``'s whole gradient: its one part, or the parts added in unit order."""
-        key = self._grad_key(n)
         parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order, not arrival order
         if len(parts) == 1:
-            return key
-        # In RAM the buffer of the sum stays from step to step (``_drop_gradients`` keeps it): a fresh one
-        # cost page faults and zeroing on the step's critical path (the tied embedding's parts are
-        # complete only with the last push)
-        if self.store.shapes.get(key) != self._shape(n):
-            self.store.zeros(key, self._shape(n))
-
-        def add(blocks: list[np.ndarray]) -> None:
-            total, first, second, *rest = blocks
-            np.add(first, second, out=total)  # one pass: the bits of total = first; total += second
-            for p in rest:
-                total += p
-
-        self.store.update([key, *parts], add, write=[key])
+            return self._grad_key(n)
+        key = self._sum_buffer(n)
+        self.store.update([key, *parts], grad_sums.add_parts, write=[key])
         for p in parts:
             self.store.drop(p)
         return key
@@ -323,8 +329,10 @@ class MemoryXShard(ShardCheckpoints):
                     part = self._sq_parts.get(n)
                     if part is not None:
                         total += part.result()
+                        for u in self.users[n] if len(self.users[n]) > 1 else ():  # summed: let go
+                            self.store.drop(f"{n}.grad.{u}")
                     else:
-                        total += _sq_sum_of(self.store.blocks(self._sum_gradient(n)))
+                        total += grad_sums.sq_sum_of(self.store.blocks(self._sum_gradient(n)))
                 self._sq_sum = total
             return self._sq_sum
 
@@ -390,11 +398,3 @@ class MemoryXShard(ShardCheckpoints):
                 st.disk_bytes(),
             )
         return True
-
-
-def _sq_sum_of(blocks: Iterable[np.ndarray]) -> float:
-    """Sum of squares of a tensor given as its consecutive flat blocks (the store's), in float64."""
-    per_tensor = 0.0
-    for block in blocks:
-        per_tensor = add_sq_sum(per_tensor, block)
-    return per_tensor

@@ -1,6 +1,7 @@
 """A MemoryX shard in memory mode computes each tensor's sum of squares as soon as its gradient is complete
-(memoryx/shard.py), so the norm at the end of a step only adds what arrived last; its bits are those of
-the sum over every gradient in the tensors' order, whatever the arrival order or the store."""
+(memoryx/shard.py), a tied tensor's parts added first, so the norm at the end of a step only adds what
+arrived last; its bits are those of the sum over every gradient in the tensors' order, whatever the arrival
+order or the store."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import weightstream.memoryx.shard as shard_module
 from tests.integration.appliance import TINY
+from weightstream.memoryx import grad_sums
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import grad_sq_sum
 from weightstream.params import load_params, model_def, optimizer_config
@@ -65,26 +66,36 @@ def test_the_norm_has_the_same_bits_whatever_the_arrival_order_and_the_store(tmp
 def test_each_complete_gradient_is_summed_in_the_background_before_the_norm_is_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The tied embedding's parts too: its last part (the embedding's, the last of backward) starts the
+    addition and its sum of squares, before anybody asks for the norm. Its sum is then the parts added in
+    unit order, bitwise, and the parts are let go once the norm is taken."""
     shard, model = _shard()
     done: list[str] = []  # the thread each sum of squares ran in
-    original = shard_module._sq_sum_of
+    original = grad_sums.sq_sum_of
 
     def recorded(blocks: Any) -> float:
         out = original(blocks)
         done.append(threading.current_thread().name)
         return out
 
-    monkeypatch.setattr(shard_module, "_sq_sum_of", recorded)
-    users = {n: sum(n in unit.param_names for unit in model.units) for n in model.specs}
-    single = sum(1 for k in users.values() if k == 1)
-    assert single < len(users)  # TINY ties its embedding: one tensor has two units' parts
-    _feed(shard, 0, _grads(model, 4), list(range(len(model.units))))
+    monkeypatch.setattr(grad_sums, "sq_sum_of", recorded)
+    users = {n: [u for u, unit in enumerate(model.units) if n in unit.param_names] for n in model.specs}
+    tied = [n for n, us in users.items() if len(us) > 1]
+    assert tied  # TINY ties its embedding: one tensor has two units' parts
+    grads = _grads(model, 4)
+    _feed(shard, 0, grads, list(range(len(model.units))))
     deadline = time.monotonic() + 10
-    while len(done) < single and time.monotonic() < deadline:  # nobody has asked for the norm yet
+    while len(done) < len(users) and time.monotonic() < deadline:  # nobody has asked for the norm yet
         time.sleep(0.01)
-    assert len(done) == single and all(t.startswith("memoryx-norm") for t in done)
+    assert len(done) == len(users) and all(t.startswith("memoryx-norm") for t in done)
+    for n in tied:
+        want = grads[users[n][0]][n].copy()
+        for u in users[n][1:]:
+            want += grads[u][n]
+        np.testing.assert_array_equal(shard.store.get(f"{n}.grad"), want)
     shard.grad_sq_sum(0)
-    assert len(done) == len(users)  # the tied tensor's parts are summed, then squared, when asked
+    assert len(done) == len(users)  # nothing summed again when asked
+    assert not [k for n in tied for k in shard.store.shapes if k.startswith(f"{n}.grad.")]
     shard.close()
 
 

@@ -1,0 +1,36 @@
+"""A MemoryX shard's arithmetic on a step's gradients: a tied tensor's parts added in unit order, and a
+gradient's sum of squares in float64. Both run the same way in every store and on any thread, so the
+bits do not depend on where or when they run (memoryx/shard.py runs them early, in the background)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from weightstream.numerics.optim import add_sq_sum
+
+__all__ = ["add_parts", "added_sq_sum", "sq_sum_of"]
+
+
+def add_parts(blocks: list[np.ndarray]) -> None:
+    """``blocks``: the sum's flat block, then the same block of each part in unit order: sum = the parts
+    added in that order (never arrival order)."""
+    total, first, second, *rest = blocks
+    np.add(first, second, out=total)  # one pass: the bits of total = first; total += second
+    for p in rest:
+        total += p
+
+
+def added_sq_sum(parts: list[np.ndarray], blocks: list[np.ndarray]) -> float:
+    """``add_parts(parts)`` over whole flat arrays, then the sum's sum of squares by its store ``blocks``."""
+    add_parts(parts)
+    return sq_sum_of(blocks)
+
+
+def sq_sum_of(blocks: Iterable[np.ndarray]) -> float:
+    """Sum of squares of a tensor given as its consecutive flat blocks (the store's), in float64."""
+    per_tensor = 0.0
+    for block in blocks:
+        per_tensor = add_sq_sum(per_tensor, block)
+    return per_tensor
