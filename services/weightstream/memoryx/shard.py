@@ -29,7 +29,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -268,17 +267,10 @@ class MemoryXShard(ShardCheckpoints):
             self._cond.notify_all()
 
     def _eager_sum(self, n: str) -> Callable[[], float]:
-        """What computes in the background (memory mode; called under the lock) the sum of squares of
-        tensor ``n``'s complete gradient; a tied tensor's parts are added first, in unit order, into
-        ``<n>.grad`` (its last part, the embedding's, comes last in backward: added when the norm was asked,
-        ~2-3 ms at GPT-2 d512/L4 on the critical path). Views: a reset's drop leaves a running sum its
-        arrays, and the one thread runs the next attempt's sum after it."""
-        users = self.users[n]
-        if len(users) == 1:
-            return partial(grad_sums.sq_sum_of, list(self.store.blocks(f"{n}.grad.{users[0]}")))
-        key = self._sum_buffer(n)
-        parts = [self.store.get(k).reshape(-1) for k in (key, *(f"{n}.grad.{u}" for u in users))]
-        return partial(grad_sums.added_sq_sum, parts, list(self.store.blocks(key)))
+        """Tensor ``n``'s complete gradient's sum of squares, to run in the background (memory mode; under
+        the lock): a tied tensor's parts are added first (``grad_sums.background_sum``)."""
+        parts = [f"{n}.grad.{u}" for u in self.users[n]]  # unit order
+        return grad_sums.background_sum(self.store, parts, self._sum_buffer(n) if len(parts) > 1 else None)
 
     def _sum_buffer(self, n: str) -> str:
         """The key of tied tensor ``n``'s sum; in RAM kept from step to step (``_drop_gradients``)."""
