@@ -101,9 +101,16 @@ class FakeBatches:
 
 def run_step(index: int = 0, **kw: Any) -> tuple[StepOutcome, FakeUnits]:
     units = FakeUnits(WEIGHTS)
-    engine = WorkerEngine(MODEL, index, WORKERS, units, FakeBatches(), **kw)
+    return step_of(units, index=index, **kw), units
+
+
+def step_of(
+    units: FakeUnits, batches: FakeBatches | None = None, model: Any = MODEL, index: int = 0, **kw: Any
+) -> StepOutcome:
+    """Step STEP of a worker engine over ``units`` and ``batches``, closed after."""
+    engine = WorkerEngine(model, index, WORKERS, units, batches or FakeBatches(), **kw)
     try:
-        return engine.run_step(STEP), units
+        return engine.run_step(STEP)
     finally:
         engine.close()
 
@@ -172,11 +179,7 @@ def test_the_second_unit_is_asked_for_with_the_first_at_a_steps_start() -> None:
         return get_unit(step, u, phase)
 
     units.get_unit = unit  # type: ignore[method-assign]
-    engine = WorkerEngine(MODEL, 0, WORKERS, units, FakeBatches())
-    try:
-        engine.run_step(STEP)
-    finally:
-        engine.close()
+    step_of(units)
     assert waited == [True], "unit 1 was asked for only after unit 0 had arrived"
     assert units.max_live == 2
 
@@ -201,11 +204,7 @@ def test_the_first_units_weights_are_asked_for_before_the_batch() -> None:
         return get_batch(*args)
 
     units.get_unit, batches.get = unit, batch  # type: ignore[method-assign]
-    engine = WorkerEngine(MODEL, 0, WORKERS, units, batches)
-    try:
-        engine.run_step(STEP)
-    finally:
-        engine.close()
+    step_of(units, batches)
     assert order == ["unit", "batch"]
 
 
@@ -236,11 +235,7 @@ def test_backwards_first_streamed_unit_is_asked_for_before_backward_begins() -> 
 
     model = dataclasses.replace(MODEL, units=(*MODEL.units[:-1], WaitingHead()))
     units.get_unit = unit  # type: ignore[method-assign]
-    engine = WorkerEngine(model, 0, WORKERS, units, FakeBatches())
-    try:
-        engine.run_step(STEP)
-    finally:
-        engine.close()
+    step_of(units, model=model)
     assert (STEP, L - 2, BACKWARD) in units.fetches and units.max_live == 2
 
 
