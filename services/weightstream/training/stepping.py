@@ -68,7 +68,7 @@ class StepDriver:
     def step(self, step: int, next_is_step: bool) -> Record:
         """Train step ``step`` (0-based) through its update; returns its metrics record. With
         ``next_is_step`` (the run's next action is step ``step + 1``) that step's RunStep is sent as soon
-        as this step's update is."""
+        as this step's has returned."""
         t0, replies = self._run_workers(step)
         if next_is_step:  # the workers wait at the shards for step + 1's weights (see the module's doc)
             request = pb.RunStepRequest(step=step + 1)
