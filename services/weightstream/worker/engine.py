@@ -121,17 +121,21 @@ class WorkerEngine:
         pending = deque(started)  # a future holds its result: once popped, only ``params`` may
         del started  # nor may the caller's list, or a unit would outlive its use
         asked = len(pending)  # units of ``order`` asked for so far
+
+        def ask() -> None:
+            nonlocal asked
+            pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
+            asked += 1
+
+        if not pending:
+            ask()
         for u in order:
             self._check_open()
-            if not pending:
-                pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
-                asked += 1
             t0 = time.perf_counter()
             params = pending.popleft().result()
             clock[0] += time.perf_counter() - t0
             if not pending and asked < len(order):
-                pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
-                asked += 1
+                ask()
             yield u, params
             del params  # at most this unit and the prefetched next one are alive
 
