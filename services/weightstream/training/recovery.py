@@ -31,6 +31,7 @@ from weightstream.training.roles import RolePlane
 __all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
 
 PROBE_TIMEOUT_S = 5.0  # a role that does not answer Health within this long after a fault is hung
+EXIT_GRACE_S = 2.0  # how long a role that does not answer may take to be seen dead before it counts as hung
 
 # status codes of a failed call that a retry may cure; any other (INVALID_ARGUMENT, PERMISSION_DENIED, ...)
 # says the request itself is wrong, and the same request would fail again
@@ -162,6 +163,16 @@ class Recovery:
         alive = [RoleSpec(k, i) for k, i in self.plan.roles() if RoleSpec(k, i) not in dead]
         replies = self.roles.probe(alive, self.probe_s)
         hung = {r for r in alive if replies[r] is None}
+        # A role killed a moment ago refuses the probe before the backend sees it exit (a SIGKILLed process
+        # can take a while to be gone, under load over a second): look again for a moment, so that it is
+        # reported dead, with how it died, not hung
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while hung:
+            dead |= {r: how for r, how in self.backend.dead().items() if r in hung}
+            hung -= dead.keys()
+            if not hung or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         how = f"did not answer a health check within {self.probe_s:g}s (hung); killed"
         return {**dead, **{r: f"{r.name} {how}" for r in hung}}
 
