@@ -44,6 +44,8 @@ __all__ = [
     "attach",
     "job_tag",
     "locate",
+    "map_whole",
+    "open_peer_memfd",
     "scratch",
 ]
 
@@ -145,7 +147,7 @@ def _map(fd: int, size: int, pid: int, origin_fd: int, writable: bool) -> np.nda
     return np.frombuffer(view if writable else view.toreadonly(), dtype=np.uint8)
 
 
-def _open(pid: int, fd: int, tag: str) -> int:
+def open_peer_memfd(pid: int, fd: int, tag: str) -> int:
     """An fd of process ``pid``'s memfd ``fd``, which must carry this job's ``tag``; errors name it."""
     where = f"/proc/{pid}/fd/{fd}"
     try:
@@ -160,16 +162,18 @@ def _open(pid: int, fd: int, tag: str) -> int:
         ) from e
 
 
-def _map_whole(handle: int, size: int, pid: int, fd: int) -> np.ndarray:
+def map_whole(handle: int, size: int, pid: int, fd: int) -> np.ndarray:
+    """Read-only uint8 view of all ``size`` bytes of the memfd open as ``handle`` (process ``pid``'s ``fd``,
+    named in errors); the mapping keeps the memory once ``handle`` is closed."""
     return _map(handle, size, pid, fd, writable=False) if size else np.empty(0, dtype=np.uint8)
 
 
 def attach(pid: int, fd: int, tag: str) -> np.ndarray:
     """Read-only uint8 view of the whole of process ``pid``'s memfd ``fd``, which must carry this job's
     ``tag``. Errors name the memfd; no fd is left open (the mapping keeps the memory)."""
-    handle = _open(pid, fd, tag)
+    handle = open_peer_memfd(pid, fd, tag)
     try:
-        return _map_whole(handle, os.fstat(handle).st_size, pid, fd)
+        return map_whole(handle, os.fstat(handle).st_size, pid, fd)
     finally:
         os.close(handle)
 

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from weightstream.transport.shm import _map_whole, _open
+from weightstream.transport.shm import map_whole, open_peer_memfd
 
 __all__ = ["MappingCache"]
 
@@ -36,7 +36,7 @@ class MappingCache:
         self.hits = self.misses = 0
 
     def attach(self, pid: int, fd: int, tag: str) -> np.ndarray:
-        handle = _open(pid, fd, tag)
+        handle = open_peer_memfd(pid, fd, tag)
         try:
             st = os.fstat(handle)
             ident = (st.st_dev, st.st_ino, st.st_size)
@@ -46,7 +46,7 @@ class MappingCache:
                     self._maps[(pid, fd)] = kept  # now the most recently used
                     self.hits += 1
                     return kept[1]
-            mapping = _map_whole(handle, st.st_size, pid, fd)
+            mapping = map_whole(handle, st.st_size, pid, fd)
         finally:
             os.close(handle)
         with self._lock:
