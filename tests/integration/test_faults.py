@@ -133,6 +133,34 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     assert alive == [], "the stopped worker was left behind"
 
 
+@pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run
+def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fault_free: Path) -> None:
+    """SIGTERM (a pod evicted or deleted, a service manager stopping a unit) is a graceful stop: the role
+    refuses new calls, lets its calls in flight end for a second, cancels the rest and exits 0 while its
+    peers are mid-step. The job replaces it and ends bitwise where a fault-free run does."""
+    model_dir = tmp_path / "m"
+    proc = _start(_params(tmp_path), model_dir)
+    stopped = [(30, "memoryx-1"), (70, "worker-0")]
+    try:
+        for step, role in stopped:
+            deadline = time.monotonic() + 120
+            while _steps_logged(model_dir) < step:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, f"no progress to step {step}"
+                time.sleep(0.01)
+            os.kill(_pid(model_dir, role), signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    for _, role in stopped:
+        assert any(role in line and "exited with status 0" in line for line in out.splitlines()), out
+    assert (model_dir / "run.log").read_text().count("replacing it") == len(stopped)
+    _assert_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert _losses(model_dir) == _losses(fault_free)
+
+
 def test_a_replacement_whose_data_is_gone_fails_the_job_instead_of_looping(tmp_path: Path) -> None:
     """A data error is no fault a new process can cure: the replaced activation server cannot read its
     data, so the job fails, naming it, with the run's fault history."""
