@@ -42,6 +42,7 @@ from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import optimizer_step, state_names
 from weightstream.numerics.sparse_masks import SparsitySpec
+from weightstream.transport.errors import RoleClosedError
 from weightstream.transport.fencing import check_generation
 from weightstream.transport.shm import SharedArena
 from weightstream.transport.shm_cache import MappingCache
@@ -56,7 +57,7 @@ class StaleStepError(ValueError):
     """A call names a step this shard has already moved past (or has not reached)."""
 
 
-class ShardClosedError(RuntimeError):
+class ShardClosedError(RoleClosedError):
     """The shard was closed (its role is stopping, or a new configuration replaced it) during a call."""
 
 

@@ -21,9 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from weightstream.transport.errors import RoleClosedError
+
 __all__ = ["SwarmNodeLogic", "Upstream", "sum_in_order"]
 
 Tensors = dict[str, np.ndarray]
+_CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured): the step is abandoned"
 Unit = Any  # a piece of what the upstream hands down: a raw message over gRPC, anything in tests
 
 
@@ -104,12 +107,12 @@ class SwarmNodeLogic:
             flights, self._flights, self._grads = list(self._flights.values()), {}, {}
         for flight in flights:
             if not flight.done:
-                flight.finish(RuntimeError("this SwarmX node was reconfigured: the step is abandoned"))
+                flight.finish(RoleClosedError(_CLOSED))
         self._pullers.shutdown(wait=False, cancel_futures=True)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this SwarmX node was reconfigured: the step is abandoned")
+            raise RoleClosedError(_CLOSED)
 
     def get_unit(self, step: int, unit: int, pass_: int) -> Iterator[Unit]:
         """The unit's pieces as they arrive; the first child to ask makes this node fetch it."""

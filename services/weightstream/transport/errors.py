@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ChecksumError", "PeerError", "ProtocolError", "TransportError"]
+__all__ = ["ChecksumError", "PeerError", "ProtocolError", "RoleClosedError", "TransportError"]
 
 
 class TransportError(RuntimeError):
@@ -23,3 +23,9 @@ class PeerError(TransportError):
     def __init__(self, peer: str, call: str, detail: str) -> None:
         self.peer, self.call, self.detail = peer, call, detail
         super().__init__(f"{call} to {peer} failed: {detail}")
+
+
+class RoleClosedError(RuntimeError):
+    """The role's logic was closed during the call: its process is stopping, or a new configuration of the
+    job replaced it. Not the request's fault: another attempt (at the replacement) may succeed, so callers
+    see UNAVAILABLE, as gRPC itself answers for a server shutting down."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
-from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
+from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError, RoleClosedError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
 from weightstream.transport.shm import KeptScratch, SharedArena, scratch
 from weightstream.transport.shm_cache import MappingCache
@@ -151,7 +151,7 @@ def abort_on_error(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TimeoutError):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "timed out")
-    if isinstance(exc, PeerError):
+    if isinstance(exc, PeerError | RoleClosedError):
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from weightstream.numerics import ModelDef
 from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
 from weightstream.numerics.model import accumulate_grads
+from weightstream.transport.errors import RoleClosedError
 
 __all__ = ["BatchSource", "StepOutcome", "UnitSource", "WorkerEngine"]
 
@@ -106,7 +108,27 @@ class WorkerEngine:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"worker {self.index} was reconfigured: this step's attempt is abandoned")
+            raise self._closed_error()
+
+    def _closed_error(self) -> RoleClosedError:
+        return RoleClosedError(
+            f"worker {self.index} was closed (its role is stopping or was reconfigured): this step's "
+            "attempt is abandoned"
+        )
+
+    @contextmanager
+    def _giving_up_once_closed(self) -> Iterator[None]:
+        """Whatever a step or an evaluation fails with once ``close`` has run (a fetch the shut-down pool
+        refuses or cancelled, an upstream closed too) is this role closing: RoleClosedError, which callers
+        see as UNAVAILABLE and retry at the replacement, not the symptom (INTERNAL, a failed job)."""
+        try:
+            yield
+        except RoleClosedError:
+            raise
+        except Exception as e:
+            if self._closed:
+                raise self._closed_error() from e
+            raise
 
     def _stream(
         self,
@@ -144,6 +166,10 @@ class WorkerEngine:
 
         The shard runs as micro-batches: each unit, while its weights are here, runs over every
         micro-batch, and its gradient is the sum over micro-batches in order (deterministic)."""
+        with self._giving_up_once_closed():
+            return self._run_step(step)
+
+    def _run_step(self, step: int) -> StepOutcome:
         t_start = time.perf_counter()
         wait = [0.0]
         # the first units' weights are asked for first: at a step's start they wait for MemoryX to update
@@ -240,6 +266,10 @@ class WorkerEngine:
     def evaluate(self, step: int, num_batches: int) -> float:
         """Sum over ``num_batches`` eval batches of this worker's share of each batch's mean loss.
         Each unit streams in once and runs over every eval batch before the next unit."""
+        with self._giving_up_once_closed():
+            return self._evaluate(step, num_batches)
+
+    def _evaluate(self, step: int, num_batches: int) -> float:
         wait = [0.0]
         batches = [self.batches.get("eval", b, self.index, self.num_workers) for b in range(num_batches)]
         xs = [b[0] for b in batches]  # batches: (inputs, targets, global loss denominator) each
