@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from numpy.testing import assert_allclose
 
@@ -25,6 +26,7 @@ def _rows(model_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, lines) if "loss" in r}
 
 
+@pytest.mark.slow  # ~11 s (session 20): the default suite read 9:48 in CI; the unit tests stay
 def test_one_and_two_workers_with_recompute_follow_the_reference(tmp_path: Path) -> None:
     p = write_params(tmp_path, max_steps=STEPS, worker_memory_mb=1)  # 1 MiB: micro-batches and recompute
     raw = yaml.safe_load(p.read_text())
