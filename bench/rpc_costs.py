@@ -41,6 +41,11 @@ _SERVICE = "bench.RpcCosts"
 KINDS = ("call_per_unit", "stream_per_pass")
 
 
+def _same(b: bytes) -> bytes:
+    """Messages are raw bytes both ways: no (de)serialisation."""
+    return b
+
+
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -59,15 +64,12 @@ def _serve(address: str, token: str, message_bytes: int, ready: Any) -> None:
     def cpu(request: bytes, context: grpc.ServicerContext) -> bytes:
         return repr(_cpu_s()).encode()
 
-    def same(b: bytes) -> bytes:
-        return b
-
     handler = grpc.method_handlers_generic_handler(
         _SERVICE,
         {
-            "Unit": grpc.unary_stream_rpc_method_handler(unit, same, same),
-            "Units": grpc.stream_stream_rpc_method_handler(units, same, same),
-            "Cpu": grpc.unary_unary_rpc_method_handler(cpu, same, same),
+            "Unit": grpc.unary_stream_rpc_method_handler(unit, _same, _same),
+            "Units": grpc.stream_stream_rpc_method_handler(units, _same, _same),
+            "Cpu": grpc.unary_unary_rpc_method_handler(cpu, _same, _same),
         },
     )
     server, port = create_server(
@@ -89,16 +91,15 @@ def measure(
 ) -> tuple[float, float, int]:
     """(client CPU seconds, wall seconds, messages received) for ``units`` units the ``kind`` way (with
     ``stream_per_pass``, whole passes: ``units`` rounded down to a multiple of ``pass_units``)."""
-    same = lambda b: b  # noqa: E731
     received = 0
     c0, t0 = _cpu_s(), time.perf_counter()
     if kind == "call_per_unit":
-        call = channel.unary_stream(f"/{_SERVICE}/Unit", same, same)
+        call = channel.unary_stream(f"/{_SERVICE}/Unit", _same, _same)
         for _ in range(units):
             for _msg in call(b"u", timeout=timeout):
                 received += 1
     elif kind == "stream_per_pass":
-        stream = channel.stream_stream(f"/{_SERVICE}/Units", same, same)
+        stream = channel.stream_stream(f"/{_SERVICE}/Units", _same, _same)
         for _ in range(units // pass_units):
             asks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
             replies = stream(_requests(asks), timeout=timeout)
@@ -128,7 +129,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 port = ready.get(timeout=120)
                 target = f"127.0.0.1:{port}" if transport == "tcp_loopback" else address
                 channel = open_channel(target, token)
-                server_cpu = channel.unary_unary(f"/{_SERVICE}/Cpu", lambda b: b, lambda b: b)
+                server_cpu = channel.unary_unary(f"/{_SERVICE}/Cpu", _same, _same)
                 rows: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
                 for r in range(a.rounds):  # alternating, so that the machine's drift hits both alike
                     for kind in KINDS if r % 2 == 0 else KINDS[::-1]:

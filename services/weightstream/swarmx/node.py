@@ -26,8 +26,8 @@ from weightstream.transport.errors import RoleClosedError
 __all__ = ["SwarmNodeLogic", "Upstream", "sum_in_order"]
 
 Tensors = dict[str, np.ndarray]
-_CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured): the step is abandoned"
 Unit = Any  # a piece of what the upstream hands down: a raw message over gRPC, anything in tests
+_CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured): the step is abandoned"
 
 
 class Upstream(Protocol):
