@@ -3,9 +3,11 @@
 Prints one JSON line:
 - step time of the in-process numpy reference vs `weightstream run --num_csx 1` on the same params
   (the streaming overhead ratio; target <= 1.05), and tokens/s at num_csx 1 and 2. The two are measured
-  in ``--pairs`` interleaved pairs (reference, then appliance, again): a shared machine drifts by several
-  percent within minutes, which one pair reads as overhead. The ratio is the median of the pairs' ratios,
-  each of which is reported too, as are the medians of each side's step times;
+  interleaved, every appliance run between two reference runs (reference, appliance, reference, ...,
+  ``--pairs`` appliance runs): a shared machine drifts by several percent within minutes, which a
+  reference measured only before the appliance reads as overhead. Each pair's ratio is the appliance run
+  over the mean of the reference runs either side of it; the ratio is the median of the pairs' ratios.
+  Every run's step time and each pair's ratio are reported too, as are the medians of each side's;
 - bandwidth of a unit broadcast through MemoryX -> SwarmX -> client and of MemoryX alone, on the
   shared-memory plane co-located roles use and over gRPC (as across hosts), vs a raw gRPC server stream of
   4 MiB messages over loopback.
@@ -99,9 +101,14 @@ def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> tuple[
 
 
 def overhead(refs: list[float], ones: list[float]) -> tuple[float, list[float]]:
-    """(median of the pairs' ratios, each pair's appliance / reference): each ratio from two runs minutes
-    apart, not from medians of runs that the machine's drift may have put far apart."""
-    pairs = [o / r for o, r in zip(ones, refs, strict=True)]
+    """(median of the pairs' ratios, each pair's ratio). ``ones[i]`` ran between ``refs[i]`` and
+    ``refs[i + 1]`` and is compared with their mean: a machine whose speed moves steadily across the
+    pair moves both sides alike, where a reference measured only before would read the move as overhead
+    (or as a gain). Each ratio is from runs a minute apart, never from medians of runs that the
+    machine's drift may have put far apart."""
+    if len(refs) != len(ones) + 1:
+        raise ValueError(f"{len(ones)} appliance runs need {len(ones) + 1} reference runs around them")
+    pairs = [o / ((before + after) / 2) for o, before, after in zip(ones, refs[:-1], refs[1:], strict=True)]
     return statistics.median(pairs), pairs
 
 
@@ -201,17 +208,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--pairs", type=int, default=5, help="interleaved (reference, num_csx 1) measurements")
+    ap.add_argument("--pairs", type=int, default=5, help="num_csx 1 runs, each between two reference runs")
     ap.add_argument("--bw-hidden", type=int, default=1024, help="hidden size of the block used for bandwidth")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     raw = params_dict(a, a.hidden, a.layers, a.steps)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        refs, ones = [], []
-        for _ in range(a.pairs):
-            refs.append(reference_step_s(raw, a.steps))
+        refs, ones = [reference_step_s(raw, a.steps)], []
+        for _ in range(a.pairs):  # reference, appliance, reference, ...: every appliance run bracketed
             ones.append(appliance_step_s(raw, 1, work)[0])
+            refs.append(reference_step_s(raw, a.steps))
         ref, one = statistics.median(refs), statistics.median(ones)
         ratio, pairs = overhead(refs, ones)
         _, tps2 = appliance_step_s(raw, 2, work)
@@ -224,10 +231,14 @@ def main() -> None:
                 "bench": "streaming",
                 "config": vars(a),
                 "gemm_engine": engine(),  # the products' engine, the same on both sides (numerics/_gemm.py)
-                "reference_step_s": round(ref, 4),  # medians over the pairs
+                "reference_step_s": round(ref, 4),  # medians over the runs
                 "appliance_step_s_num_csx_1": round(one, 4),
                 "streaming_overhead_ratio": round(ratio, 3),
-                "streaming_overhead_pairs": [round(x, 3) for x in pairs],  # appliance / reference, in order
+                # appliance / mean of the reference runs before and after it, in order
+                "streaming_overhead_pairs": [round(x, 3) for x in pairs],
+                # every run's median step time, in order: how far the machine moved during the bench
+                "reference_runs_step_s": [round(x, 4) for x in refs],
+                "appliance_runs_step_s": [round(x, 4) for x in ones],
                 "tokens_per_second": {
                     "reference": round(raw["train_input"]["batch_size"] * a.seq / ref),
                     "num_csx_1": round(raw["train_input"]["batch_size"] * a.seq / one),

@@ -1,5 +1,5 @@
 """bench/streaming.py end to end in a tiny config: its one JSON line, the keys issue 12 names, and the
-overhead ratio as the median of interleaved (reference, appliance) pairs."""
+overhead ratio as the median of pairs, each appliance run against the reference runs either side of it."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
     pairs = out["streaming_overhead_pairs"]
     assert len(pairs) == 3 and all(math.isfinite(x) and x > 0 for x in pairs)
     assert out["streaming_overhead_ratio"] == round(statistics.median(pairs), 3)
+    refs, ones = out["reference_runs_step_s"], out["appliance_runs_step_s"]
+    assert len(refs) == 4 and len(ones) == 3  # reference, appliance, reference, ..., reference
+    bracketed = [o / ((r0 + r1) / 2) for o, r0, r1 in zip(ones, refs[:-1], refs[1:], strict=True)]
+    assert pairs == pytest.approx(bracketed, rel=0.03)  # from the runs as the JSON rounds them (0.1 ms)
     ref, one = out["reference_step_s"], out["appliance_step_s_num_csx_1"]
-    assert ref > 0 and one > 0
-    assert min(pairs) <= round(one / ref, 3) * 1.01 and max(pairs) >= round(one / ref, 3) * 0.99
+    assert ref == pytest.approx(statistics.median(refs), abs=1e-4)  # medians of the runs (rounded)
+    assert one == pytest.approx(statistics.median(ones), abs=1e-4)
     tokens = 4 * 32
     tps = out["tokens_per_second"]  # from the unrounded step times, which the JSON rounds to 0.1 ms
     assert math.isclose(tps["num_csx_1"], tokens / one, rel_tol=0.01)
@@ -39,11 +43,28 @@ def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
 
 
 def test_the_overhead_is_the_median_of_the_pairs_ratios() -> None:
-    """Not the ratio of the medians (3.1 / 2.0 here): each ratio pairs two runs side by side."""
+    """Not the ratio of the medians (3.0 / 2.5 here): each appliance run is compared with the mean of the
+    reference runs just before and just after it."""
     overhead = load_bench("streaming").overhead
-    ratio, pairs = overhead([1.0, 2.0, 3.0], [3.0, 2.2, 3.1])
-    assert pairs == [3.0, 2.2 / 2.0, 3.1 / 3.0]
-    assert ratio == 2.2 / 2.0
+    ratio, pairs = overhead([1.0, 2.0, 3.0, 4.0], [3.0, 2.2, 3.1])
+    assert pairs == [3.0 / 1.5, 2.2 / 2.5, 3.1 / 3.5]
+    assert ratio == 3.1 / 3.5
+
+
+def test_a_steady_drift_of_the_machine_is_not_read_as_overhead() -> None:
+    """The machine slows by 10% a run, the appliance costing exactly the reference: every pair reads 1.0
+    (a reference measured only before each appliance run would read 1.05 every time)."""
+    overhead = load_bench("streaming").overhead
+    refs = [1.0, 1.1, 1.2, 1.3]
+    ones = [1.05, 1.15, 1.25]  # each run halfway between the reference runs around it
+    ratio, pairs = overhead(refs, ones)
+    assert pairs == pytest.approx([1.0, 1.0, 1.0]) and ratio == pytest.approx(1.0)
+
+
+def test_appliance_runs_must_be_bracketed_by_reference_runs() -> None:
+    overhead = load_bench("streaming").overhead
+    with pytest.raises(ValueError, match="3 appliance runs need 4 reference runs"):
+        overhead([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
 
 
 def test_every_appliance_measurement_is_a_run_of_its_own(
