@@ -114,3 +114,7 @@ register(app)  # get, cancel, label, job, log-export, config, dashboard
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":  # python -m weightstream_client.cli, where the wsctl script is not on PATH
+    main()

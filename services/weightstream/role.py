@@ -181,15 +181,27 @@ def serve_role(
         add_servicer(role, server)
 
     server, bound = create_server(f"{host}:{port}", register, interceptors=[RoleAuthInterceptor(token)])
-    signal.signal(signal.SIGTERM, lambda *_: role.stopped.set())
-    signal.signal(signal.SIGINT, lambda *_: role.stopped.set())
+    told: list[int] = []  # the signal that told the role to stop, if one did
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        told.append(signum)
+        role.stopped.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, role.stopped), daemon=True).start()
     if ready_file is not None:
         write_text_durably(ready_file, json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}))
     log.info("%s listening on %s:%d", kind, host, bound)
     role.stopped.wait()
+    if told:
+        log.info("stopping on %s", signal.Signals(told[0]).name)
     _exit_by(exit_deadline_s)
     server.stop(grace=1.0).wait(timeout=5)
     role.close()
     time.sleep(0.05)
+    if told:
+        # the shell's (and Kubernetes') convention, 128 + the signal: whoever started the role can tell a
+        # stop it was told from an end of its own (the parent gone, a Shutdown call: status 0)
+        raise SystemExit(128 + told[0])

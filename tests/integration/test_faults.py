@@ -136,8 +136,9 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
 @pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run
 def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fault_free: Path) -> None:
     """SIGTERM (a pod evicted or deleted, a service manager stopping a unit) is a graceful stop: the role
-    refuses new calls, lets its calls in flight end for a second, cancels the rest and exits 0 while its
-    peers are mid-step. The job replaces it and ends bitwise where a fault-free run does."""
+    refuses new calls, lets its calls in flight end for a second, cancels the rest and exits 143 (128 +
+    SIGTERM) while its peers are mid-step. The job replaces it and ends bitwise where a fault-free run
+    does."""
     model_dir = tmp_path / "m"
     proc = _start(_params(tmp_path), model_dir)
     stopped = [(30, "memoryx-1"), (70, "worker-0")]
@@ -155,7 +156,7 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
             proc.kill()
     assert proc.returncode == 0, err
     for _, role in stopped:
-        assert any(role in line and "exited with status 0" in line for line in out.splitlines()), out
+        assert any(role in line and "stopped on SIGTERM" in line for line in out.splitlines()), out
     assert (model_dir / "run.log").read_text().count("replacing it") == len(stopped)
     _assert_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
     assert _losses(model_dir) == _losses(fault_free)

@@ -96,3 +96,27 @@ def test_a_stopped_role_with_a_stuck_handler_ends_itself(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_the_backend_tells_a_role_told_to_stop_from_one_killed(tmp_path: Path) -> None:
+    """A role stopped with SIGTERM stops in order and exits 128 + 15; the local backend's report says it
+    was told to stop (before, "exited with status 0", which read like a role ending of its own accord),
+    while a SIGKILLed one still reads killed. Real role processes, started as a job starts them."""
+    from weightstream.backends.base import RoleSpec
+    from weightstream.backends.local import LocalProcessBackend
+
+    backend = LocalProcessBackend(tmp_path)
+    told, killed = RoleSpec("activation", 0), RoleSpec("swarmx", 0)
+    backend.start([told, killed], new_role_token())
+    try:
+        backend.wait_ready(timeout_s=60)
+        backend.procs[told].send_signal(signal.SIGTERM)
+        backend.procs[killed].kill()
+        assert backend.procs[told].wait(timeout=30) == 128 + signal.SIGTERM
+        backend.procs[killed].wait(timeout=30)
+        dead = backend.dead()
+        assert "activation-0" in dead[told] and "stopped on SIGTERM (exit status 143)" in dead[told]
+        assert "was killed by SIGKILL" in dead[killed]
+        assert "stopping on SIGTERM" in (tmp_path / "activation-0.log").read_text()
+    finally:
+        backend.stop()

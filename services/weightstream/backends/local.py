@@ -18,11 +18,15 @@ __all__ = ["LocalProcessBackend", "describe_exit"]
 
 
 def describe_exit(rc: int) -> str:
+    """A role's end from its exit status: < 0 killed by a signal; a role told to stop by SIGTERM or SIGINT
+    stops in order and exits 128 + the signal (``role.serve_role``)."""
     if rc < 0:
         try:
             return f"was killed by {signal.Signals(-rc).name}"
         except ValueError:
             return f"was killed by signal {-rc}"
+    if rc - 128 in (signal.SIGTERM, signal.SIGINT):
+        return f"stopped on {signal.Signals(rc - 128).name} (exit status {rc})"
     return f"exited with status {rc}"
 
 
