@@ -22,6 +22,7 @@ import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kern
 # isort: split
 import argparse
 import json
+import math
 import multiprocessing as mp
 import statistics
 import subprocess
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -75,8 +76,17 @@ def reference_step_s(raw: dict[str, Any], steps: int) -> float:
     return statistics.median(times[1:])
 
 
-def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> tuple[float, float]:
-    """(median step time after the first step, tokens per second) of a fresh `weightstream run`."""
+class ApplianceRun(NamedTuple):
+    step_s: float  # median step time after the first step
+    tokens_per_second: float  # from that median
+    # the run's medians of the worker's compute and of its wait for weights (metrics.jsonl): when a run
+    # reads slow, whether the worker computed slower (the machine) or waited (the roles)
+    worker_compute_s: float
+    worker_wait_s: float
+
+
+def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> ApplianceRun:
+    """Step time and its parts of a fresh `weightstream run`, after its first step."""
     path = workdir / f"params{num_csx}.yaml"
     path.write_text(yaml.safe_dump(raw))
     # A new directory for every run: in one it has used before, `weightstream run` resumes from the
@@ -95,9 +105,15 @@ def appliance_step_s(raw: dict[str, Any], num_csx: int, workdir: Path) -> tuple[
     ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=1200)
     rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
-    times = [r["step_time_s"] for r in rows if "step_time_s" in r][1:]
+    steps = [r for r in rows if "step_time_s" in r][1:]
+    step_s = statistics.median(r["step_time_s"] for r in steps)
     tokens = raw["train_input"]["batch_size"] * raw["train_input"]["max_sequence_length"]
-    return statistics.median(times), tokens / statistics.median(times)
+    return ApplianceRun(
+        step_s,
+        tokens / step_s,
+        statistics.median(r.get("worker_compute_s", math.nan) for r in steps),
+        statistics.median(r.get("worker_wait_s", math.nan) for r in steps),
+    )
 
 
 def overhead(refs: list[float], ones: list[float]) -> tuple[float, list[float]]:
@@ -215,13 +231,14 @@ def main() -> None:
     raw = params_dict(a, a.hidden, a.layers, a.steps)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        refs, ones = [reference_step_s(raw, a.steps)], []
+        refs, runs = [reference_step_s(raw, a.steps)], []
         for _ in range(a.pairs):  # reference, appliance, reference, ...: every appliance run bracketed
-            ones.append(appliance_step_s(raw, 1, work)[0])
+            runs.append(appliance_step_s(raw, 1, work))
             refs.append(reference_step_s(raw, a.steps))
+        ones = [r.step_s for r in runs]
         ref, one = statistics.median(refs), statistics.median(ones)
         ratio, pairs = overhead(refs, ones)
-        _, tps2 = appliance_step_s(raw, 2, work)
+        tps2 = appliance_step_s(raw, 2, work).tokens_per_second
         bw = broadcast_gbps(a, work, a.repeats, shared_memory=True)
         bw_grpc = broadcast_gbps(a, work, a.repeats, shared_memory=False)
         raw_gbps = raw_grpc_gbps(bw["unit_bytes"] // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
@@ -239,6 +256,8 @@ def main() -> None:
                 # every run's median step time, in order: how far the machine moved during the bench
                 "reference_runs_step_s": [round(x, 4) for x in refs],
                 "appliance_runs_step_s": [round(x, 4) for x in ones],
+                "appliance_runs_worker_compute_s": [round(r.worker_compute_s, 4) for r in runs],
+                "appliance_runs_worker_wait_s": [round(r.worker_wait_s, 4) for r in runs],
                 "tokens_per_second": {
                     "reference": round(raw["train_input"]["batch_size"] * a.seq / ref),
                     "num_csx_1": round(raw["train_input"]["batch_size"] * a.seq / one),

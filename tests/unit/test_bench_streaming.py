@@ -27,6 +27,9 @@ def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
     assert len(refs) == 4 and len(ones) == 3  # reference, appliance, reference, ..., reference
     bracketed = [o / ((r0 + r1) / 2) for o, r0, r1 in zip(ones, refs[:-1], refs[1:], strict=True)]
     assert pairs == pytest.approx(bracketed, rel=0.03)  # from the runs as the JSON rounds them (0.1 ms)
+    computes, waits = out["appliance_runs_worker_compute_s"], out["appliance_runs_worker_wait_s"]
+    assert len(computes) == len(waits) == 3  # each appliance run's parts, from its metrics.jsonl
+    assert all(0 < c <= o * 1.05 and w >= 0 for c, w, o in zip(computes, waits, ones, strict=True))
     ref, one = out["reference_step_s"], out["appliance_step_s_num_csx_1"]
     assert ref == pytest.approx(statistics.median(refs), abs=1e-4)  # medians of the runs (rounded)
     assert one == pytest.approx(statistics.median(ones), abs=1e-4)
