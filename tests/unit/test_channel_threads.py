@@ -16,6 +16,7 @@ import pytest
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.errors import PeerError
 from weightstream.transport.rpc import (
+    SERVER_THREADS,
     add_service,
     call,
     create_server,
@@ -69,6 +70,12 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+def _callers(started: list[str]) -> list[str]:
+    """The threads started on the calling side: the in-process server's pool may add a handler thread
+    whenever a call arrives before the previous call's handler is back in the pool (a loaded machine)."""
+    return [n for n in started if not n.startswith(SERVER_THREADS)]
+
+
 def test_unary_stream_calls_start_no_thread(started: list[str]) -> None:
     server, port = _serve()
     try:
@@ -85,7 +92,7 @@ def test_unary_stream_calls_start_no_thread(started: list[str]) -> None:
         started.clear()
         for unit in range(20):
             assert get_unit(unit) == [bytes([unit, i]) for i in range(3)]
-        assert started == []
+        assert _callers(started) == []
         # a failure mid-stream still reaches the caller as the peer's error
         with pytest.raises(PeerError, match="INVALID_ARGUMENT: no such unit"):
             get_unit(-1)
@@ -108,7 +115,7 @@ def test_a_push_of_one_message_is_a_unary_call_and_longer_ones_a_stream(started:
         started.clear()
         for i in range(10):
             assert send([b"header %d" % i]) == "1"
-        assert started == []
+        assert _callers(started) == []
         assert send([b"a", b"b", b"c"]) == "3"  # a client stream: gRPC's thread feeds it
         assert send([]) == "0"  # an empty stream reaches the method as one (which refuses it in a role)
         one, many = "PushGradientsOne", "PushGradients"

@@ -21,6 +21,7 @@ from weightstream.transport.tensors import NamedTensor, header_message, read_mes
 
 __all__ = [
     "OPTIONS",
+    "SERVER_THREADS",
     "TensorPush",
     "abort_on_error",
     "add_service",
@@ -50,6 +51,9 @@ OPTIONS = [
 ]
 
 
+SERVER_THREADS = "rpc-handler"  # name prefix of the threads a server runs its handlers on
+
+
 def create_server(
     address: str,
     register: Callable[[grpc.Server], None],
@@ -59,10 +63,10 @@ def create_server(
     """A started server on ``address`` (port 0 picks a free one); returns it with the bound port.
 
     Many threads: a SwarmX node holds one open call per child while it waits for its parent, and a
-    worker's step call waits while the same process serves nothing else heavy."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers), options=OPTIONS, interceptors=list(interceptors)
-    )
+    worker's step call waits while the same process serves nothing else heavy. They are named
+    ``SERVER_THREADS``_k (in thread dumps, and so tests can tell them from threads a call starts)."""
+    pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=SERVER_THREADS)
+    server = grpc.server(pool, options=OPTIONS, interceptors=list(interceptors))
     register(server)
     port = server.add_insecure_port(address)
     if port == 0:
