@@ -85,7 +85,10 @@ def test_every_appliance_measurement_is_a_run_of_its_own(
             return  # resumed at max_steps: nothing to train, as the real command does
         runs.append(model_dir)
         step = 0.1 * len(runs)
-        rows = [json.dumps({"step": i, "step_time_s": step}) for i in range(1, 4)]
+        rows = [
+            json.dumps({"step": i, "step_time_s": step, "worker_compute_s": step, "worker_wait_s": 0.0})
+            for i in range(1, 4)
+        ]
         (model_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
