@@ -23,6 +23,9 @@ def test_streaming_bench_reports_pairs_and_their_median(tmp_path: Path) -> None:
     pairs = out["streaming_overhead_pairs"]
     assert len(pairs) == 3 and all(math.isfinite(x) and x > 0 for x in pairs)
     assert out["streaming_overhead_ratio"] == round(statistics.median(pairs), 3)
+    interval = out["streaming_overhead_interval"]  # three pairs: their extremes, covering 1 - 2/8
+    assert (interval["low"], interval["high"]) == (min(pairs), max(pairs))
+    assert interval["coverage"] == 0.75
     refs, ones = out["reference_runs_step_s"], out["appliance_runs_step_s"]
     assert len(refs) == 4 and len(ones) == 3  # reference, appliance, reference, ..., reference
     bracketed = [o / ((r0 + r1) / 2) for o, r0, r1 in zip(ones, refs[:-1], refs[1:], strict=True)]
@@ -68,6 +71,25 @@ def test_appliance_runs_must_be_bracketed_by_reference_runs() -> None:
     overhead = load_bench("streaming").overhead
     with pytest.raises(ValueError, match="3 appliance runs need 4 reference runs"):
         overhead([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+
+
+def test_the_interval_for_the_median_comes_from_order_statistics() -> None:
+    """Nine pairs: the 2nd smallest and 2nd largest bound the median with probability 1 - 2 * 10/512
+    (the textbook table's 96.1%); the 3rd and 7th would cover only 82%, below 95%."""
+    median_interval = load_bench("streaming").median_interval
+    pairs = [1.09, 0.98, 1.03, 1.01, 1.20, 1.02, 1.04, 1.00, 1.05]
+    low, high, coverage = median_interval(pairs)
+    assert (low, high) == (1.00, 1.09)
+    assert coverage == pytest.approx(1 - 20 / 512)
+    assert median_interval(list(range(20)))[:2] == (5, 14)  # the table's 6th and 15th of 20
+
+
+def test_too_few_pairs_get_the_extremes_and_say_their_coverage() -> None:
+    """Five pairs cannot reach 95%: the extremes are returned with what they cover, 1 - 2/32."""
+    median_interval = load_bench("streaming").median_interval
+    assert median_interval([1.0, 1.3, 0.9, 1.1, 1.2]) == (0.9, 1.3, pytest.approx(0.9375))
+    with pytest.raises(ValueError, match="at least 2 values"):
+        median_interval([1.0])
 
 
 def test_every_appliance_measurement_is_a_run_of_its_own(
