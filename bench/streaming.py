@@ -149,6 +149,15 @@ def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float,
     return s[k - 1], s[n - k], coverage(k)
 
 
+def interval_field(pairs: list[float]) -> dict[str, float] | None:
+    """The JSON's ``streaming_overhead_interval``: None for a single pair (``--pairs 1``), which bounds
+    nothing, rather than failing a finished bench run at its last line."""
+    if len(pairs) < 2:
+        return None
+    low, high, cover = median_interval(pairs)
+    return {"low": round(low, 3), "high": round(high, 3), "coverage": round(cover, 3)}
+
+
 # -- raw gRPC baseline: a server streams prebuilt 4 MiB messages, a client copies them into a buffer
 def _raw_server(port_q: Any, total: int) -> None:
     chunk = bytes(4 << 20)
@@ -250,6 +259,10 @@ def main() -> None:
     ap.add_argument("--bw-hidden", type=int, default=1024, help="hidden size of the block used for bandwidth")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
+    # the first step of a run and the first read of a unit are not timed: one more of each must be
+    for flag, value, least in (("pairs", a.pairs, 1), ("steps", a.steps, 2), ("repeats", a.repeats, 1)):
+        if value < least:
+            ap.error(f"--{flag} must be >= {least}, got {value}")
     raw = params_dict(a, a.hidden, a.layers, a.steps)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -260,7 +273,6 @@ def main() -> None:
         ones = [r.step_s for r in runs]
         ref, one = statistics.median(refs), statistics.median(ones)
         ratio, pairs = overhead(refs, ones)
-        low, high, cover = median_interval(pairs)
         tps2 = appliance_step_s(raw, 2, work).tokens_per_second
         bw = broadcast_gbps(a, work, a.repeats, shared_memory=True)
         bw_grpc = broadcast_gbps(a, work, a.repeats, shared_memory=False)
@@ -277,11 +289,7 @@ def main() -> None:
                 # appliance / mean of the reference runs before and after it, in order
                 "streaming_overhead_pairs": [round(x, 3) for x in pairs],
                 # where the pairs put the overhead's median: how far one run's ratio can be trusted
-                "streaming_overhead_interval": {
-                    "low": round(low, 3),
-                    "high": round(high, 3),
-                    "coverage": round(cover, 3),
-                },
+                "streaming_overhead_interval": interval_field(pairs),
                 # every run's median step time, in order: how far the machine moved during the bench
                 "reference_runs_step_s": [round(x, 4) for x in refs],
                 "appliance_runs_step_s": [round(x, 4) for x in ones],

@@ -92,6 +92,12 @@ def test_too_few_pairs_get_the_extremes_and_say_their_coverage() -> None:
         median_interval([1.0])
 
 
+def test_one_pair_reports_no_interval_instead_of_failing_the_run() -> None:
+    interval_field = load_bench("streaming").interval_field
+    assert interval_field([1.04]) is None
+    assert interval_field([1.0, 1.1, 1.2]) == {"low": 1.0, "high": 1.2, "coverage": 0.75}
+
+
 def test_every_appliance_measurement_is_a_run_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
