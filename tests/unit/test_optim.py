@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
 from weightstream.numerics.optim import (
+    SPLIT_UPDATE,
     SUM_BLOCK,
     UPDATE_BLOCK,
     OptimizerConfig,
@@ -199,6 +201,51 @@ def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes
                 )
     assert np.array_equal(pieces_w.view(np.uint32), whole_w.view(np.uint32))  # bits: NaN and -0.0 too
     assert all(np.array_equal(pieces_s[k].view(np.uint32), whole_s[k].view(np.uint32)) for k in whole_s)
+
+
+class CountingHelper(ThreadPoolExecutor):
+    """A real helper thread that notes the length of the weight slice it is handed each time."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.sizes: list[int] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.sizes.append(len(args[0]))
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam"])
+def test_a_helper_thread_takes_half_of_a_large_update_and_the_bits_are_those_of_one_pass(
+    kind: str, rng
+) -> None:
+    """MemoryX updates the first unit's tensors on two cores (``helper``, memoryx/shard.py): every element
+    is computed alone, so the two halves' bits must be one pass's, signed zeros and non-finite values
+    included. A tensor below SPLIT_UPDATE is not handed over (the handover would cost what it saves)."""
+    cfg = OptimizerConfig(kind=kind, schedule=(), weight_decay=0.01)
+    n = SPLIT_UPDATE + 77  # odd: halves of different lengths
+    w0 = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    g[[n // 2 - 1, n // 2, n // 2 + 1, n - 1]] = [np.inf, -0.0, np.nan, 3e38]  # around the seam and the end
+    g.flags.writeable = False
+    helper = CountingHelper()
+    try:
+        split_w, whole_w = w0.copy(), w0.copy()
+        split_s, whole_s = init_state(kind, w0.shape), init_state(kind, w0.shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for step, scale in ((1, 0.5), (2, 1.0)):
+                optimizer_step(cfg, split_w, g, split_s, step=step, lr=1e-2, scale=scale, helper=helper)
+                optimizer_step(cfg, whole_w, g, whole_s, step=step, lr=1e-2, scale=scale)
+        assert np.array_equal(split_w.view(np.uint32), whole_w.view(np.uint32))
+        assert all(np.array_equal(split_s[k].view(np.uint32), whole_s[k].view(np.uint32)) for k in whole_s)
+        assert helper.sizes == [n - n // 2] * 2  # the helper took the second half, each step
+        small = np.zeros(SPLIT_UPDATE - 1, dtype=np.float32)
+        optimizer_step(
+            cfg, small, small.copy(), init_state(kind, small.shape), step=1, lr=1e-2, helper=helper
+        )
+        assert len(helper.sizes) == 2
+    finally:
+        helper.shutdown()
 
 
 def test_weight_decay_skips_biases_and_norms_unless_asked() -> None:

@@ -29,6 +29,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ from weightstream.memoryx.storage import start_tensors
 from weightstream.memoryx.store import DiskStore, MemoryStore, TensorStore
 from weightstream.numerics import ModelDef, OptimizerConfig
 from weightstream.numerics.model import init_tensor
-from weightstream.numerics.optim import optimizer_step, state_names
+from weightstream.numerics.optim import state_names, update_blocks
 from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.transport.errors import RoleClosedError
 from weightstream.transport.fencing import check_generation
@@ -352,12 +353,12 @@ class MemoryXShard(ShardCheckpoints):
             for n in self.names:
                 grad = self._grad_key(n)
 
-                def update(blocks: list[np.ndarray], wd: float = self.opt.weight_decay_for(n)) -> None:
-                    w, g, *st = blocks
-                    state = dict(zip(names, st, strict=True))
-                    optimizer_step(
-                        self.opt, w, g, state, step=step + 1, lr=lr, scale=clip_coef, weight_decay=wd
-                    )
+                # the first unit's tensors on both cores (memory mode: the norm thread, idle now): the next
+                # step's workers wait for them
+                helper = self._norms if 0 in self.users[n] else None
+                wd = self.opt.weight_decay_for(n)
+                kw = {"step": step + 1, "lr": lr, "scale": clip_coef, "weight_decay": wd, "helper": helper}
+                update = partial(update_blocks, self.opt, names, **kw)
 
                 # block by block: weight, gradient and state in, weight and state back
                 self.store.update([n, grad, *self.state_keys[n]], update, write=[n, *self.state_keys[n]])

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, MutableMapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 __all__ = [
+    "SPLIT_UPDATE",
     "SUM_BLOCK",
     "UPDATE_BLOCK",
     "OptimizerConfig",
@@ -31,9 +33,13 @@ __all__ = [
     "optimizer_step",
     "sgd_step",
     "state_names",
+    "update_blocks",
 ]
 
 OptimizerKind = Literal["adamw", "adam", "sgd"]
+# A tensor at least this large (elements) is updated in two halves at once where ``optimizer_step`` is given
+# a helper thread: below it, handing half to the thread costs about what it saves.
+SPLIT_UPDATE = 1 << 18
 
 
 def adam_step(
@@ -220,10 +226,13 @@ def optimizer_step(
     lr: float,
     scale: float = 1.0,
     weight_decay: float | None = None,
+    helper: Executor | None = None,
 ) -> None:
     """Apply one update to one tensor in place, with the gradient multiplied by ``scale`` first (the
     clipping coefficient). ``grad`` is never written (it may be a read-only mapping). ``weight_decay``:
-    this tensor's (``cfg.weight_decay_for(name)``); None: ``cfg.weight_decay``."""
+    this tensor's (``cfg.weight_decay_for(name)``); None: ``cfg.weight_decay``. ``helper``: a thread
+    that updates the second half of a large float32 Adam/AdamW tensor meanwhile (every element is
+    computed alone, so the result is bitwise that of one pass)."""
     wd = cfg.weight_decay if weight_decay is None else weight_decay
     arrays = [param, grad, *state.values()]
     if not all(a.flags.c_contiguous for a in arrays):
@@ -235,11 +244,8 @@ def optimizer_step(
         from weightstream.numerics._optim_kernels import adam_fused  # numba: imported on first use
 
         b1, b2 = cfg.betas
-        adam_fused(
-            flat_p,
-            flat_g,
-            state["exp_avg"].reshape(-1),
-            state["exp_avg_sq"].reshape(-1),
+        m, v = state["exp_avg"].reshape(-1), state["exp_avg_sq"].reshape(-1)
+        scalars = (
             dt(scale),
             dt(1.0 - lr * wd) if cfg.kind == "adamw" else dt(1.0),
             dt(wd),
@@ -251,6 +257,19 @@ def optimizer_step(
             dt(cfg.eps),
             dt(-lr / (1.0 - b1**step)),
         )
+        flats = (flat_p, flat_g, m, v)
+        half = flat_p.size // 2 if helper is not None and flat_p.size >= SPLIT_UPDATE else 0
+        # the kernel releases the GIL: the two halves run on two cores
+        second = (
+            helper.submit(adam_fused, *(a[half:] for a in flats), *scalars)
+            if helper is not None and half
+            else None
+        )
+        try:
+            adam_fused(*(a[: half or None] for a in flats), *scalars)
+        finally:  # never return while the helper still writes
+            if second is not None:
+                second.result()
         return
     for start in range(0, flat_p.size, UPDATE_BLOCK):
         piece = slice(start, start + UPDATE_BLOCK)
@@ -281,6 +300,15 @@ def optimizer_step(
                 weight_decay=wd,
                 decoupled=cfg.kind == "adamw",
             )
+
+
+def update_blocks(
+    cfg: OptimizerConfig, names: Sequence[str], blocks: Sequence[np.ndarray], **kw: Any
+) -> None:
+    """``optimizer_step`` on one block of a tensor as a store hands it: weight, gradient, then the state
+    buffers in the order of ``names`` (``state_names``); ``kw``: ``optimizer_step``'s keywords."""
+    w, g, *st = blocks
+    optimizer_step(cfg, w, g, dict(zip(names, st, strict=True)), **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------

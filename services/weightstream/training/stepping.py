@@ -2,23 +2,29 @@
 
 Step s (every call with the job's deadline):
   1. RunStep(s) on every worker (they pull weights through SwarmX and push gradients back)
-  2. GradNormSq(s) on every MemoryX shard (each waits until its gradients are complete), then the clip
-     coefficient and the divergence check (before any weight changes)
+  2. GradNormSq(s) on every MemoryX shard, sent with RunStep(s) (each answers once its gradients are
+     complete); with RunStep's replies in, the clip coefficient and the divergence check (before any
+     weight changes)
   3. ApplyUpdate(s, lr, clip coefficient) on every shard: the step is applied exactly once
 
-Overlap: when the run's next action is step s + 1 (no evaluation, checkpoint or snapshot after s, not
-the last step, not a replay), RunStep(s + 1) is sent as soon as RunStep(s) has returned, before
-GradNormSq(s). A shard serves each tensor of step s + 1 as soon as its own update is done
-(memoryx/shard.py, embedding first; until then the request waits there), so the workers' forward runs
-while the shards apply the rest of the update instead of waiting for all of it, and their requests for
-the first unit are already at the shards when its update is done: sent after ApplyUpdate(s), each crossed
-coordinator, worker and SwarmX while the embedding was being updated, and arrived ~4 ms after it was
-(GPT-2 d512/L4, measured). The math is unchanged (every weight a worker reads is the updated one), so
-results are bitwise those of the sequential order. Step s is still committed only once ApplyUpdate(s) has
-returned everywhere; a fault meanwhile is recovered as before (during ApplyUpdate(s): ``applying``), and
-the early RunStep(s + 1) is dropped with the configuration that sent it. A diverged step s ends the run
-before any update: its early RunStep(s + 1) waits for weights that never come, until the run stops the
-roles.
+The norm is asked for as soon as RunStep(s) is under way, not once it has returned: a shard answers it when
+its last gradient is in, so the step's boundary loses no round trip to it (RunStep's reply, its loss in
+particular, is still awaited before the divergence check and ApplyUpdate). At GPT-2 d512/L4 ApplyUpdate
+then reaches the shard ~1 ms sooner (traced): the norm is in about when the workers' replies are, the
+embedding's two parts being added and squared meanwhile.
+
+Overlap: when the run's next action is step s + 1 (no evaluation, checkpoint or snapshot after s, not the last
+step, not a replay), RunStep(s + 1) is sent as soon as RunStep(s) has returned. A shard serves each tensor of
+step s + 1 as soon as its own update is done (memoryx/shard.py, embedding first; until then the request waits
+there), so the workers' forward runs while the shards apply the rest of the update instead of waiting for all
+of it, and their requests for the first unit are already at the shards when its update is done: sent after
+ApplyUpdate(s), each crossed coordinator, worker and SwarmX while the embedding was being updated, and arrived
+~4 ms after it was (GPT-2 d512/L4, measured). The math is unchanged (every weight a worker reads is the
+updated one), so results are bitwise those of the sequential order. Step s is still committed only once
+ApplyUpdate(s) has returned everywhere; a fault meanwhile is recovered as before (during ApplyUpdate(s):
+``applying``), and the early RunStep(s + 1) is dropped with the configuration that sent it. A diverged step s
+ends the run before any update: its early RunStep(s + 1) waits for weights that never come, until the run
+stops the roles.
 """
 
 from __future__ import annotations
@@ -54,28 +60,34 @@ class StepDriver:
         """Forget a RunStep sent ahead (a fault: the new configuration cancels it)."""
         self._early = None
 
-    def _run_workers(self, step: int) -> tuple[float, list[Any]]:
-        """(when the step began, the workers' replies): the RunStep sent ahead, if any. A step sent ahead
-        begins, in ``step_time_s``, when the run committed the previous one: the overlap counts in the
-        previous step, so each step's time lies within its commit-to-commit interval, as without it."""
+    def _start_workers(self, step: int) -> tuple[float, Future[list[Any]]]:
+        """(when the step began, the workers' replies to come): the RunStep sent ahead, if any. A step sent
+        ahead begins, in ``step_time_s``, when the run committed the previous one: the overlap counts in
+        the previous step, so each step's time lies within its commit-to-commit interval, as without it."""
         early, self._early = self._early, None
         if early is not None and early[0] == step:
             self.overlapped += 1
-            return self._last_end, early[1].result()
+            return self._last_end, early[1]
         t0 = time.monotonic()
-        return t0, self.roles.rpc_all("worker", "RunStep", pb.RunStepRequest(step=step))
+        request = pb.RunStepRequest(step=step)
+        return t0, self.roles.submit(lambda: self.roles.rpc_all("worker", "RunStep", request))
 
     def step(self, step: int, next_is_step: bool) -> Record:
         """Train step ``step`` (0-based) through its update; returns its metrics record. With
         ``next_is_step`` (the run's next action is step ``step + 1``) that step's RunStep is sent as soon
         as this step's has returned."""
-        t0, replies = self._run_workers(step)
+        t0, running = self._start_workers(step)
+        # the shards are at ``step`` (its predecessor's update has returned): each answers once its
+        # gradients are in. A fault meanwhile fails this call with the configuration that made it
+        norm_request = pb.StepRequest(step=step)
+        norms = self.roles.submit(lambda: self.roles.rpc_all("memoryx", "GradNormSq", norm_request))
+        replies = running.result()
         if next_is_step:  # the workers wait at the shards for step + 1's weights (see the module's doc)
             request = pb.RunStepRequest(step=step + 1)
             ahead = self.roles.submit(lambda: self.roles.rpc_all("worker", "RunStep", request))
             self._early = (step + 1, ahead)
         t_update = time.monotonic()
-        sq = [r.sq_sum for r in self.roles.rpc_all("memoryx", "GradNormSq", pb.StepRequest(step=step))]
+        sq = [r.sq_sum for r in norms.result()]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
         loss = sum(r.loss for r in replies)
         check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite

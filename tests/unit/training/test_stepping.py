@@ -1,6 +1,7 @@
 """The coordinator's step driver (training/stepping.py) against a role plane that records what it is asked,
-in which order: the next step's RunStep goes out before this step's GradNormSq when a step follows, never
-otherwise, and a diverged step applies no update."""
+in which order: a step's GradNormSq goes out while its RunStep still runs, the next step's RunStep before
+this step's GradNormSq has ended when a step follows, never otherwise, and a diverged step applies no
+update."""
 
 from __future__ import annotations
 
@@ -20,19 +21,24 @@ OPT = OptimizerConfig("adamw", (SchedulePiece("Constant", 1e-3, 1e-3, 1 << 62),)
 
 class RecordingRoles:
     """A stand-in for ``RolePlane``: records each (method, step) call. GradNormSq(s) waits up to
-    ``wait_s`` for RunStep(s + 1) to have been asked for, and records whether it had."""
+    ``wait_s`` for RunStep(s + 1) to have been asked for, and records whether it had; RunStep(s) waits up
+    to ``norm_wait_s`` for GradNormSq(s) to have been asked for, and records whether it had."""
 
-    def __init__(self, sq_sum: float = 4.0, wait_s: float = 0.0) -> None:
+    def __init__(self, sq_sum: float = 4.0, wait_s: float = 0.0, norm_wait_s: float = 0.0) -> None:
         self.calls: list[tuple[str, int]] = []
         self.sent_ahead: dict[int, bool] = {}  # step s -> RunStep(s + 1) asked for before GradNormSq(s) ended
-        self.sq_sum, self.wait_s = sq_sum, wait_s
+        self.norm_during_step: dict[
+            int, bool
+        ] = {}  # step s -> GradNormSq(s) asked for before RunStep(s) ended
+        self.sq_sum, self.wait_s, self.norm_wait_s = sq_sum, wait_s, norm_wait_s
         self._lock = threading.Lock()
         self._runstep: dict[int, threading.Event] = {}
-        self._pool = ThreadPoolExecutor(2)
+        self._norm: dict[int, threading.Event] = {}
+        self._pool = ThreadPoolExecutor(4)
 
-    def _event(self, step: int) -> threading.Event:
+    def _event(self, step: int, method: str = "RunStep") -> threading.Event:
         with self._lock:
-            return self._runstep.setdefault(step, threading.Event())
+            return (self._runstep if method == "RunStep" else self._norm).setdefault(step, threading.Event())
 
     def submit(self, fn: Any) -> Future[Any]:
         return self._pool.submit(fn)
@@ -42,8 +48,10 @@ class RecordingRoles:
             self.calls.append((method, request.step))
         if method == "RunStep":
             self._event(request.step).set()
+            self.norm_during_step[request.step] = self._event(request.step, "norm").wait(self.norm_wait_s)
             return [pb.RunStepReply(loss=2.5, tokens=16, compute_s=0.1, wait_s=0.01)]
         if method == "GradNormSq":
+            self._event(request.step, "norm").set()
             self.sent_ahead[request.step] = self._event(request.step + 1).wait(self.wait_s)
             return [pb.NormReply(sq_sum=self.sq_sum)]
         assert method == "ApplyUpdate", method
@@ -70,8 +78,25 @@ def test_no_runstep_goes_ahead_of_a_step_that_is_not_next() -> None:
     roles = RecordingRoles()
     driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
     driver.step(0, next_is_step=False)  # e.g. an evaluation or a checkpoint comes after step 1
-    assert roles.calls == [("RunStep", 0), ("GradNormSq", 0), ("ApplyUpdate", 0)]
+    # RunStep(0) and GradNormSq(0) go out together (either may be recorded first), the update last
+    assert sorted(roles.calls[:2]) == [("GradNormSq", 0), ("RunStep", 0)]
+    assert roles.calls[2:] == [("ApplyUpdate", 0)]
     assert driver.overlapped == 0
+
+
+def test_the_gradient_norm_is_asked_for_while_the_workers_still_run_the_step() -> None:
+    """A shard answers GradNormSq(s) once its gradients are in: sent while RunStep(s) runs, it is back
+    when the workers are, not a round trip after them. Both with the step's own RunStep and with one sent
+    ahead during the previous update."""
+    roles = RecordingRoles(norm_wait_s=5.0)
+    driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
+    for step in range(3):
+        roles.wait_s = 5.0 if step < 1 else 0.0
+        record = driver.step(step, next_is_step=step < 1)  # step 1 sent ahead, step 2 not
+        driver.committed()
+        assert record["grad_norm"] == 2.0
+    assert roles.norm_during_step == {0: True, 1: True, 2: True}
+    assert driver.overlapped == 1
 
 
 def test_a_diverged_step_applies_no_update() -> None:
