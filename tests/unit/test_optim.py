@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from tests.executors import CountingHelper
 from weightstream.numerics.optim import (
     SPLIT_UPDATE,
     SUM_BLOCK,
@@ -201,18 +201,6 @@ def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes
                 )
     assert np.array_equal(pieces_w.view(np.uint32), whole_w.view(np.uint32))  # bits: NaN and -0.0 too
     assert all(np.array_equal(pieces_s[k].view(np.uint32), whole_s[k].view(np.uint32)) for k in whole_s)
-
-
-class CountingHelper(ThreadPoolExecutor):
-    """A real helper thread that notes the length of the weight slice it is handed each time."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-        self.sizes: list[int] = []
-
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
-        self.sizes.append(len(args[0]))
-        return super().submit(fn, *args, **kwargs)
 
 
 @pytest.mark.parametrize("kind", ["adamw", "adam"])

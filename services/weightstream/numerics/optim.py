@@ -258,13 +258,10 @@ def optimizer_step(
             dt(-lr / (1.0 - b1**step)),
         )
         flats = (flat_p, flat_g, m, v)
-        half = flat_p.size // 2 if helper is not None and flat_p.size >= SPLIT_UPDATE else 0
-        # the kernel releases the GIL: the two halves run on two cores
-        second = (
-            helper.submit(adam_fused, *(a[half:] for a in flats), *scalars)
-            if helper is not None and half
-            else None
-        )
+        half, second = 0, None
+        if helper is not None and flat_p.size >= SPLIT_UPDATE:  # the kernel releases the GIL: two cores
+            half = flat_p.size // 2
+            second = helper.submit(adam_fused, *(a[half:] for a in flats), *scalars)
         try:
             adam_fused(*(a[: half or None] for a in flats), *scalars)
         finally:  # never return while the helper still writes

@@ -69,8 +69,11 @@ class StepDriver:
             self.overlapped += 1
             return self._last_end, early[1]
         t0 = time.monotonic()
-        request = pb.RunStepRequest(step=step)
-        return t0, self.roles.submit(lambda: self.roles.rpc_all("worker", "RunStep", request))
+        return t0, self._submit_all("worker", "RunStep", pb.RunStepRequest(step=step))
+
+    def _submit_all(self, kind: str, method: str, request: Any) -> Future[list[Any]]:
+        """``rpc_all`` in the background: the calls of a step that overlap another's (module doc)."""
+        return self.roles.submit(lambda: self.roles.rpc_all(kind, method, request))
 
     def step(self, step: int, next_is_step: bool) -> Record:
         """Train step ``step`` (0-based) through its update; returns its metrics record. With
@@ -79,13 +82,10 @@ class StepDriver:
         t0, running = self._start_workers(step)
         # the shards are at ``step`` (its predecessor's update has returned): each answers once its
         # gradients are in. A fault meanwhile fails this call with the configuration that made it
-        norm_request = pb.StepRequest(step=step)
-        norms = self.roles.submit(lambda: self.roles.rpc_all("memoryx", "GradNormSq", norm_request))
+        norms = self._submit_all("memoryx", "GradNormSq", pb.StepRequest(step=step))
         replies = running.result()
         if next_is_step:  # the workers wait at the shards for step + 1's weights (see the module's doc)
-            request = pb.RunStepRequest(step=step + 1)
-            ahead = self.roles.submit(lambda: self.roles.rpc_all("worker", "RunStep", request))
-            self._early = (step + 1, ahead)
+            self._early = (step + 1, self._submit_all("worker", "RunStep", pb.RunStepRequest(step=step + 1)))
         t_update = time.monotonic()
         sq = [r.sq_sum for r in norms.result()]
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)

@@ -6,29 +6,15 @@ a disk-mode shard, which updates every tensor alone."""
 from __future__ import annotations
 
 import copy
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from tests.executors import CountingHelper
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import SPLIT_UPDATE
 from weightstream.params import load_params, model_def, optimizer_config
-
-
-class CountingHelper(ThreadPoolExecutor):
-    """The shard's own norm thread, noting the length of every slice of a weight it is handed."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-        self.sizes: list[int] = []
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if len(args) > 3 and all(isinstance(a, np.ndarray) for a in args[:4]):  # an update's half
-            self.sizes.append(len(args[0]))
-        return super().submit(fn, *args, **kwargs)
 
 
 def test_the_first_units_large_tensors_are_updated_in_two_halves_with_one_pass_bits(tmp_path: Path) -> None:
