@@ -170,6 +170,20 @@ def run(
 app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)
 
 
+def _no_data_claim() -> None:
+    """Exit 2: a job's pods see the service's files only through its data volume, and every job needs
+    them (MemoryX pods write each checkpoint, the final one at least, into the job's directory there;
+    activation pods read the data roots there), so Kubernetes manifests without one could never run."""
+    err.print(
+        "[red]error:[/red] --backend kubernetes needs --data-claim NAME: the PersistentVolumeClaim holding "
+        "the service's --data-dir, mounted at /data in job pods (MemoryX pods write the job's checkpoints "
+        "there, activation pods read the data roots from it)",
+        soft_wrap=True,
+        highlight=False,
+    )
+    raise typer.Exit(2)
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
@@ -189,7 +203,8 @@ def serve(
     data_claim: Annotated[
         str | None,
         typer.Option(
-            "--data-claim", help="kubernetes: PVC mounted at /data in job pods (use --data-dir /data)"
+            "--data-claim",
+            help="kubernetes (required there): PVC mounted at /data in job pods (use --data-dir /data)",
         ),
     ] = None,
     worker_cpu: Annotated[str, typer.Option("--worker-cpu", help="kubernetes: CPU of each worker pod")] = "2",
@@ -238,6 +253,8 @@ def serve(
             highlight=False,
         )
         raise typer.Exit(2)
+    if backend == "kubernetes" and not data_claim:
+        _no_data_claim()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # what the service and its role processes create (job store, logs, metrics, checkpoints) is no other
     # user's business: group-readable at most
@@ -294,7 +311,8 @@ def plan_command(
     data_claim: Annotated[
         str | None,
         typer.Option(
-            "--data-claim", help="kubernetes: the service's PVC, as `serve --data-claim` (at /data)"
+            "--data-claim",
+            help="kubernetes (required there): the service's PVC, as `serve --data-claim` (at /data)",
         ),
     ] = None,
     data_dir: Annotated[
@@ -327,6 +345,8 @@ def plan_command(
     if backend not in ("local", "kubernetes") or output not in ("yaml", "json"):
         err.print("[red]error:[/red] --backend must be local or kubernetes, --output yaml or json")
         raise typer.Exit(2)
+    if backend == "kubernetes" and not data_claim:
+        _no_data_claim()
     # the service puts job <id>'s model_dir at <data-dir>/jobs/<id> (jobs/service.py), whatever the file says
     job_dir = str(data_dir.resolve() / "jobs" / job_id) if backend == "kubernetes" else None
     p = _load(params, num_csx=num_csx, model_dir=job_dir)

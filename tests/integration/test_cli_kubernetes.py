@@ -98,6 +98,22 @@ def test_plan_takes_the_services_data_roots_and_refuses_what_it_would_refuse(par
     assert r.returncode == 2 and "runconfig.model_dir: '/srv/ws/jobs/j7'" in r.stderr
 
 
+def test_plan_and_serve_without_a_data_claim_say_it_is_needed(params: Path, tmp_path: Path) -> None:
+    """A job's pods write its checkpoints to, and read its data from, the service's data volume: without
+    one no manifest could run, so both exit 2 naming the option instead of printing broken pods."""
+    r = weightstream("plan", str(params), "--backend", "kubernetes", "-o", "yaml")
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert "--backend kubernetes needs --data-claim NAME" in " ".join(r.stderr.split()), r.stderr
+    pytest.importorskip("kubernetes", reason="serve checks for the client first")
+    r = weightstream(
+        "serve", "--backend", "kubernetes", "--data-dir", str(tmp_path / "d"), "--port", "0",
+        env={"WEIGHTSTREAM_TOKEN": API_TOKEN},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--backend kubernetes needs --data-claim NAME" in " ".join(r.stderr.split()), r.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything was created
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -50,7 +50,9 @@ def test_serve_with_the_kubernetes_backend_names_the_install_command(tmp_path: P
 
 def test_plan_and_run_work_without_the_client(tmp_path: Path) -> None:
     env = _without_kubernetes(tmp_path)
-    r = _weightstream(env, "plan", str(EXAMPLE), "--backend", "kubernetes", "--num_csx", "2", "-o", "yaml")
+    r = _weightstream(
+        env, "plan", str(EXAMPLE), "--backend", "kubernetes", "--data-claim", "d", "--num_csx", "2"
+    )
     assert r.returncode == 0, r.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(r.stdout)]
     assert kinds[:2] == ["ConfigMap", "Service"] and kinds.count("Pod") >= 2 + 2  # workers and the rest
@@ -96,7 +98,10 @@ def test_plain_pip_install_has_no_kubernetes_and_trains(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "m" / "checkpoint_3" / "config.json").is_file()
     plan = subprocess.run(
-        [ws, "plan", "params.yaml", "--backend", "kubernetes"], env=env, capture_output=True, timeout=60
+        [ws, "plan", "params.yaml", "--backend", "kubernetes", "--data-claim", "d"],
+        env=env,
+        capture_output=True,
+        timeout=60,
     )
     assert plan.returncode == 0, plan.stderr
     serve = subprocess.run(

@@ -263,3 +263,20 @@ def test_a_coordinator_in_another_namespace_is_admitted_by_namespace() -> None:
         "podSelector": {"matchLabels": {LABEL_COORDINATOR: "true"}},
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "weightstream"}},
     }
+
+
+def test_without_a_data_volume_no_pod_mounts_one_and_every_manifest_is_valid() -> None:
+    """No claim and no node directory: the data roots (set by default) are mounted nowhere, and no pod
+    declares a data volume with nothing behind it (a hostPath of path null, which the API server
+    rejects)."""
+    cluster = ClusterConfig(data_roots=("/data/datasets",))
+    docs, _ = _manifests(2, cluster)
+    version = kv.latest_version()
+    for doc in docs:
+        kv.validate(doc, version, strict=True)
+    for pod in _pods(docs):
+        assert _data_mounts(pod) == []
+        volumes = pod["spec"]["volumes"]
+        assert not [v for v in volumes if "hostPath" in v or "persistentVolumeClaim" in v]
+        mounted = {m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert mounted <= {v["name"] for v in pod["spec"]["volumes"]}  # every mount has its volume

@@ -166,7 +166,7 @@ def _data_mounts(role: RoleSpec, job_dir: str | None, cluster: ClusterConfig) ->
     if role.kind in _JOB_DIR_ROLES and job_dir is not None:
         sub = volume_subpath(job_dir, cluster, "runconfig.model_dir")
         mounts.append({"name": "data", "mountPath": job_dir, "subPath": sub})
-    if role.kind in _DATA_ROOT_ROLES:
+    if role.kind in _DATA_ROOT_ROLES and cluster.has_data_volume:  # no volume: nothing to mount from
         for root in cluster.data_roots:
             sub = volume_subpath(root, cluster, "data_roots")
             mounts.append(
