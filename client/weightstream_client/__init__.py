@@ -7,6 +7,7 @@ job.download("./out")
 """
 
 from weightstream_client._client import ApiError, Client, Job, JobFailedError
+from weightstream_client._download import CheckpointExistsError
 
-__all__ = ["ApiError", "Client", "Job", "JobFailedError"]
+__all__ = ["ApiError", "CheckpointExistsError", "Client", "Job", "JobFailedError"]
 __version__ = "0.1.0"

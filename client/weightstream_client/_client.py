@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -16,6 +17,7 @@ import httpx
 import yaml
 
 from weightstream_client._config import resolve_settings
+from weightstream_client._download import install_checkpoint, refuse_to_merge, staging_dir
 from weightstream_client._progress import ProgressBar
 
 __all__ = ["ApiError", "Client", "Job", "JobFailedError"]
@@ -262,9 +264,13 @@ class Job:
             raise JobFailedError(info)
         return info
 
-    def download(self, directory: str | Path, step: int | None = None) -> Path:
-        """Download a checkpoint (the last one unless ``step``) into ``directory``; returns its path.
-        Files are written to a temporary name and renamed when complete."""
+    def download(self, directory: str | Path, step: int | None = None, overwrite: bool = False) -> Path:
+        """Download a checkpoint (the last one unless ``step``) into ``directory/checkpoint_<step>/``;
+        returns that path. Raises CheckpointExistsError (a FileExistsError) if that directory already
+        holds files, unless ``overwrite``: then the checkpoint's files there are replaced as a set (every
+        weights, index, config, optimizer or trainer-state file the new checkpoint lacks is removed, so
+        no old file is loaded instead of a new one); other files stay. The files arrive in a hidden
+        directory beside it and move in once all are complete: a failed download changes nothing."""
         cps = self.checkpoints()
         if not cps:
             raise ApiError(404, "not_found", f"job {self.id} has no checkpoint yet")
@@ -277,10 +283,15 @@ class Job:
             )
         step_, files = _checked_listing(self.id, cp)  # before anything is written
         out = Path(directory) / f"checkpoint_{step_}"
-        out.mkdir(parents=True, exist_ok=True)
-        for name, size in files:
-            url = f"{self._path}/checkpoints/{step_}/files/{quote(name, safe='')}"
-            self._stream_to_file(url, out / name, f"download of {name}", size, timeout=None)
+        refuse_to_merge(out, overwrite)  # before anything is fetched
+        staged = staging_dir(out)
+        try:
+            for name, size in files:
+                url = f"{self._path}/checkpoints/{step_}/files/{quote(name, safe='')}"
+                self._stream_to_file(url, staged / name, f"download of {name}", size, timeout=None)
+            install_checkpoint(staged, out)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)  # gone already once installed
         return out
 
     def _stream_to_file(

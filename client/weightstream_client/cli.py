@@ -16,6 +16,7 @@ from rich.table import Table
 
 from weightstream_client._client import ApiError, JobFailedError, load_params
 from weightstream_client._common import JobId, Url, connect, err, fail, out, parse_labels
+from weightstream_client._download import CheckpointExistsError
 from weightstream_client._verbs import register
 
 __all__ = ["app", "main"]
@@ -99,13 +100,35 @@ def download(
     job_id: JobId,
     directory: Annotated[Path, typer.Argument(help="where to put checkpoint_<step>/")],
     step: Annotated[int | None, typer.Option(help="this step's checkpoint (default: the last)")] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="replace the checkpoint's files in an existing, non-empty DIRECTORY/checkpoint_<step>/: "
+            "every file it downloads, and every weights, index, config, optimizer or trainer-state file "
+            "there that it lacks; other files there stay",
+        ),
+    ] = False,
     url: Url = None,
 ) -> None:
-    """Download a checkpoint of a job."""
+    """Download a checkpoint of a job into DIRECTORY/checkpoint_<step>/.
+
+    A checkpoint directory that already holds files is refused (exit 2) unless --overwrite: a file left
+    there, such as a model.safetensors beside a sharded index, would be loaded instead of the new
+    weights. Files arrive in a hidden directory beside it and move in once all are complete."""
     try:
-        path = connect(url).job(job_id).download(directory, step)
+        path = connect(url).job(job_id).download(directory, step, overwrite=overwrite)
         out.print(str(path))
-    except ApiError as e:
+    except CheckpointExistsError as e:
+        err.print(
+            f"[red]error:[/red] {escape(str(e.path))} already exists and is not empty: a file left there "
+            "(a model.safetensors beside a sharded index, say) would be loaded instead of the download's; "
+            "choose another directory, or pass --overwrite to replace the checkpoint's files there",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(2) from None
+    except (ApiError, OSError) as e:  # OSError: DIRECTORY cannot be written, or is not a directory
         raise fail(e) from None
 
 

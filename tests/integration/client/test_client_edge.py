@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from tests.integration.jobs.live_api import CHECKPOINT_FILES, TOKEN, LiveApi, ThreadedServer
-from weightstream_client import ApiError, Client
+from weightstream_client import ApiError, CheckpointExistsError, Client
 from weightstream_client._client import load_params
 
 
@@ -105,9 +105,10 @@ def test_a_failed_file_download_leaves_nothing_behind_and_an_earlier_file_whole(
     earlier.parent.mkdir()
     earlier.write_bytes(b"earlier")
     with pytest.raises(ApiError) as e:
-        client.job("j1").download(tmp_path)
+        client.job("j1").download(tmp_path, overwrite=True)
     assert e.value.code == code and listed["name"] in e.value.message
     assert list(earlier.parent.iterdir()) == [earlier] and earlier.read_bytes() == b"earlier"
+    assert list(tmp_path.iterdir()) == [earlier.parent]  # no staging directory left beside it
 
 
 def test_download_of_a_real_checkpoint_writes_every_file(tmp_path: Path) -> None:
@@ -116,6 +117,50 @@ def test_download_of_a_real_checkpoint_writes_every_file(tmp_path: Path) -> None
         path = client.job(job.id).download(tmp_path / "out")
     assert path == tmp_path / "out" / "checkpoint_1"
     assert {p.name: p.read_bytes() for p in path.iterdir()} == CHECKPOINT_FILES  # "notes #1.txt" too
+
+
+STALE = {  # a single-file checkpoint left where a sharded one goes: loaded before the sharded index
+    "model.safetensors.index.json": b"{}",
+    "model-00001-of-00002.safetensors": b"old",
+    "optimizer.safetensors": b"old",
+    "config.json": b"{}",
+}
+
+
+def test_download_refuses_a_checkpoint_dir_with_files_unless_overwrite(tmp_path: Path) -> None:
+    """A non-empty checkpoint_<step>/ is refused before anything is fetched, naming it; overwrite replaces
+    the checkpoint's files as a set (the new ones in, old checkpoint files the new one lacks out) and
+    keeps a file of the user's. An empty one is simply filled."""
+    target = tmp_path / "out" / "checkpoint_1"
+    target.mkdir(parents=True)
+    for name, data in STALE.items():
+        (target / name).write_bytes(data)
+    (target / "NOTES.md").write_bytes(b"mine")
+    with LiveApi(tmp_path / "data") as live, Client(live.url, TOKEN) as client:
+        job = client.job(live.finished_job().id)
+        with pytest.raises(CheckpointExistsError, match=rf"^{target} already exists and is not empty") as e:
+            job.download(tmp_path / "out")
+        assert e.value.path == target and "overwrite=True" in str(e.value)
+        assert sorted(p.name for p in target.iterdir()) == sorted([*STALE, "NOTES.md"])  # untouched
+        r = _wsctl(live.url, "download", job.id, str(tmp_path / "out"))
+        assert r.returncode == 2 and r.stdout == "", r.stdout
+        said = " ".join(r.stderr.split())
+        assert f"{target} already exists and is not empty" in said and "--overwrite" in said, r.stderr
+
+        assert job.download(tmp_path / "out", overwrite=True) == target
+        assert {p.name: p.read_bytes() for p in target.iterdir()} == {**CHECKPOINT_FILES, "NOTES.md": b"mine"}
+        assert list(target.parent.iterdir()) == [target]  # no staging directory left
+        (tmp_path / "empty" / "checkpoint_1").mkdir(parents=True)
+        r = _wsctl(live.url, "download", job.id, str(tmp_path / "empty"))
+        assert r.returncode == 0, r.stderr
+        assert {p.name for p in (tmp_path / "empty" / "checkpoint_1").iterdir()} == set(CHECKPOINT_FILES)
+
+
+def _wsctl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    wsctl = [shutil.which("wsctl") or sys.executable]
+    wsctl += [] if shutil.which("wsctl") else ["-c", "from weightstream_client.cli import main; main()"]
+    env = {**os.environ, "WEIGHTSTREAM_URL": url, "WEIGHTSTREAM_TOKEN": TOKEN, "COLUMNS": "80"}
+    return subprocess.run([*wsctl, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 BAD_YAML = "train_input:\n  batch_size: 8\nmodel: [1, 2\nrunconfig: {}\n"
