@@ -125,16 +125,16 @@ class Client:
     def submit(
         self,
         params: Mapping[str, Any] | str | Path,
-        num_csx: int,
+        num_csx: int | None = None,
         labels: Mapping[str, str] | None = None,
         priority: int = 2,
     ) -> Job:
-        body = {
-            "params": load_params(params),
-            "num_csx": num_csx,
-            "labels": dict(labels or {}),
-            "priority": priority,
-        }
+        """Submit a job: ``params`` a mapping, a YAML file's path or YAML text. ``num_csx`` overrides the
+        params' ``runconfig.num_csx``; None (the default) runs on as many CS-2 as they say."""
+        body: dict[str, Any] = {"params": load_params(params)}
+        if num_csx is not None:  # left out: the service takes the params' own
+            body["num_csx"] = num_csx
+        body.update(labels=dict(labels or {}), priority=priority)
         return Job(self, self.request("POST", "/v1/jobs", json=body).json()["id"])
 
     def jobs(

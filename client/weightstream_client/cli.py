@@ -27,7 +27,15 @@ app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_compl
 @app.command()
 def submit(
     params: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="params YAML")],
-    num_csx: Annotated[int, typer.Option("--num_csx", min=1, help="CS-2 workers")] = 1,
+    num_csx: Annotated[
+        int | None,
+        typer.Option(
+            "--num_csx",
+            min=1,
+            help="CS-2 workers (overrides runconfig.num_csx; default: what the params say)",
+            show_default=False,
+        ),
+    ] = None,
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
     priority: Annotated[int, typer.Option(min=1, max=3, help="1 runs first")] = 2,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show progress until the job ends")] = False,

@@ -74,8 +74,10 @@ class CoordinatorServicer(rpc.CoordinatorServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"params_json is not JSON: {e}")
         if not isinstance(params, dict):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "params_json must be a JSON object")
+        # proto3 cannot tell 0 from unset: 0 means "the params' runconfig.num_csx", as an omitted REST field
+        num_csx = request.num_csx or None
         submit = functools.partial(
-            self.service.submit, params, request.num_csx, dict(request.labels), request.priority or 2
+            self.service.submit, params, num_csx, dict(request.labels), request.priority or 2
         )
         try:
             job = await asyncio.to_thread(submit)

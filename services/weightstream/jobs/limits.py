@@ -85,7 +85,9 @@ def check_request(
         problems.append(
             Problem("params", "must be a mapping (the params file's sections)", type(params).__name__)
         )
-    if not _is_int(num_csx) or num_csx < 1:
+    if num_csx is None:  # the params' own runconfig.num_csx, checked with them (check_params)
+        pass
+    elif not _is_int(num_csx) or num_csx < 1:
         problems.append(Problem("num_csx", "must be an integer of at least 1", num_csx))
     elif num_csx > limits.max_workers:
         problems.append(
@@ -208,11 +210,15 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
         problems.append(
             _over("runconfig.max_steps", "too many steps", rc.max_steps, limits.max_steps, "--max-steps")
         )
-    for key in ("num_wgt_servers", "num_act_servers"):
+    for key, what in (
+        ("num_csx", "CS-2 workers"),
+        ("num_wgt_servers", "servers"),
+        ("num_act_servers", "servers"),
+    ):
         count = getattr(rc, key)
         if count > limits.max_workers:
             problems.append(
-                _over(f"runconfig.{key}", "too many servers", count, limits.max_workers, "--max-workers")
+                _over(f"runconfig.{key}", f"too many {what}", count, limits.max_workers, "--max-workers")
             )
     if limits.max_job_seconds is not None and rc.rpc_timeout_s > limits.max_job_seconds:
         # the limit is checked between steps: one hung call must not outlive it by more than a call's deadline

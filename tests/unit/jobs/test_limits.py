@@ -292,3 +292,27 @@ def test_the_service_keeps_a_files_own_checkpoint_retention_in_either_layout() -
     assert with_service_defaults(trainer, limits) == {"keep_checkpoint_max": 5}
     trainer["trainer"]["init"]["callbacks"].append({"KeepNCheckpoints": {"n": 2}})
     assert with_service_defaults(trainer, limits) == {}  # KeepNCheckpoints is the trainer: spelling
+
+
+def test_without_num_csx_the_params_say_how_many_and_are_held_to_the_limits(
+    make_service: Callable[..., JobService],
+) -> None:
+    """num_csx left out (REST omits it, gRPC sends 0): the params' runconfig.num_csx, as `weightstream run`
+    without --num_csx; checked against --max-workers (named at the key the file wrote) and the slots."""
+    from weightstream.jobs.service import CapacityError
+
+    service = make_service(slots=4)
+    two = _edit(TINY, **{"runconfig.num_csx": 2})
+    assert service.submit(copy.deepcopy(two)).num_csx == 2
+    assert service.submit(copy.deepcopy(two), num_csx=1).num_csx == 1  # an override still wins
+    assert service.submit(copy.deepcopy(TINY)).num_csx == 1  # the params' default
+    with pytest.raises(ParamsError) as e:
+        service.submit(
+            _edit(
+                TINY, **{"runconfig.num_csx": 65, "train_input.batch_size": 65, "eval_input.batch_size": 65}
+            )
+        )
+    [problem] = [str(p) for p in e.value.problems]
+    assert problem.startswith("runconfig.num_csx: too many CS-2 workers") and "--max-workers" in problem
+    with pytest.raises(CapacityError, match=r"num_csx=8 exceeds this service's 4 CS-2 slots"):
+        service.submit(_edit(TINY, **{"runconfig.num_csx": 8}))

@@ -38,8 +38,12 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     params: dict[str, Any] = Field(description="the params file (ModelZoo layout) as a JSON object")
-    num_csx: int = Field(
-        ge=1, le=1024, description="CS-2 workers; overrides runconfig.num_csx (the service may allow fewer)"
+    num_csx: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="CS-2 workers; overrides runconfig.num_csx (the service may allow fewer). Left out "
+        "or null: the params' runconfig.num_csx (1 if they do not say)",
     )
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     priority: int = Field(default=2, ge=1, le=3, description="1 runs before 2 before 3")
