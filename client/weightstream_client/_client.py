@@ -32,10 +32,22 @@ class ApiError(RuntimeError):
         self, status: int, code: str, message: str, details: list[dict[str, Any]] | None = None
     ) -> None:
         self.status, self.code, self.message, self.details = status, code, message, details or []
-        lines = [f"{message} [{code}, HTTP {status}]"] + [
-            f"  - {d.get('path', '')}: {d.get('message', '')}" for d in self.details
-        ]
+        problems = [f"{d.get('path', '')}: {d.get('message', '')}" for d in self.details]
+        # the service's message may list the problems itself (invalid params do): each is said once
+        said = "\n".join(line for line in message.splitlines() if not _lists_one_of(line, problems))
+        lines = [f"{(said or message).rstrip(':')} [{code}, HTTP {status}]{':' if problems else ''}"]
+        lines += [f"  - {p}{_got(d)}" for p, d in zip(problems, self.details, strict=True)]
         super().__init__("\n".join(lines))
+
+
+def _lists_one_of(line: str, problems: list[str]) -> bool:
+    """Whether ``line`` is one of ``problems`` as a message lists it (``  - path: message ...``)."""
+    item = line.strip().removeprefix("- ")
+    return line.lstrip().startswith("- ") and any(item.startswith(p) for p in problems)
+
+
+def _got(detail: dict[str, Any]) -> str:
+    return f" (got {detail['value']!r})" if "value" in detail else ""
 
 
 class JobFailedError(RuntimeError):

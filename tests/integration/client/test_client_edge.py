@@ -4,6 +4,7 @@ line, naming the file and the line."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -13,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import CHECKPOINT_FILES, TOKEN, LiveApi, ThreadedServer
 from weightstream_client import ApiError, CheckpointExistsError, Client
 from weightstream_client._client import load_params
@@ -154,6 +157,24 @@ def test_download_refuses_a_checkpoint_dir_with_files_unless_overwrite(tmp_path:
         r = _wsctl(live.url, "download", job.id, str(tmp_path / "empty"))
         assert r.returncode == 0, r.stderr
         assert {p.name for p in (tmp_path / "empty" / "checkpoint_1").iterdir()} == set(CHECKPOINT_FILES)
+
+
+def test_wsctl_says_each_problem_of_a_refused_submission_once(tmp_path: Path) -> None:
+    """The service's 422 lists every problem in its message and again in its details: wsctl prints each
+    once, with the value, under one headline."""
+    params = copy.deepcopy(TINY)
+    params["train_input"]["batch_size"] = 0
+    params["runconfig"]["max_steps"] = -1
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with LiveApi(tmp_path / "data") as live:
+        r = _wsctl(live.url, "submit", str(path))
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "error: invalid params (2 problems) [invalid_params, HTTP 422]:", r.stderr
+    assert len(lines) == 3 and all(line.startswith("  - ") for line in lines[1:]), r.stderr
+    assert sum("train_input.batch_size" in line for line in lines) == 1, r.stderr
+    assert sum("runconfig.max_steps" in line for line in lines) == 1, r.stderr
 
 
 def _wsctl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
