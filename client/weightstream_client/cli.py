@@ -21,7 +21,11 @@ from weightstream_client._verbs import register
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="wsctl: submit and follow jobs on a weightstream service (WEIGHTSTREAM_URL, WEIGHTSTREAM_TOKEN).",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 @app.command()

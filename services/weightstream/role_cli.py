@@ -95,7 +95,8 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             reconfigure=getattr(service, "reconfigure", None),
         )
 
-    command.__doc__ = f"Run a {what} (configured by the coordinator over gRPC)."
+    article = "an" if what[0].lower() in "aeiou" else "a"
+    command.__doc__ = f"Run {article} {what} (configured by the coordinator over gRPC)."
     app.command(kind, rich_help_panel="Roles (for containers and the coordinator)")(command)
 
 
