@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -20,10 +21,12 @@ __all__ = [
     "density_text",
     "dump",
     "human_duration",
+    "iso_time",
     "job_row",
     "labels_text",
     "newest_first",
     "table",
+    "with_iso_times",
 ]
 
 JOB_COLUMNS = ("NAME", "AGE", "DURATION", "PHASE", "SYSTEMS", "DENSITY", "USER", "LABELS")
@@ -97,6 +100,30 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [GAP.join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def iso_time(epoch_s: float) -> str:
+    """Seconds since the epoch as ISO 8601 in UTC, to the millisecond: ``2026-11-27T23:30:05.120Z``."""
+    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def with_iso_times(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A job (the service's JSON, whose times are seconds since the epoch) with ``created_at``,
+    ``updated_at`` and each ``history[].at`` as ISO 8601 UTC, for people reading `-o yaml|json`. The
+    REST API itself keeps its numbers."""
+
+    def convert(record: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+        out = dict(record)
+        for key in keys:
+            value = out.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[key] = iso_time(value)
+        return out
+
+    shown = convert(job, ("created_at", "updated_at"))
+    if isinstance(shown.get("history"), list):
+        shown["history"] = [convert(h, ("at",)) if isinstance(h, Mapping) else h for h in shown["history"]]
+    return shown
 
 
 def dump(document: Any, fmt: str) -> str:

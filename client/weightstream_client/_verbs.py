@@ -21,7 +21,16 @@ from typer.core import TyperGroup
 from weightstream_client._client import ApiError
 from weightstream_client._common import JobId, Url, connect, err, fail, parse_labels
 from weightstream_client._config import masked, resolve_settings
-from weightstream_client._format import JOB_COLUMNS, cell, dump, job_row, labels_text, newest_first, table
+from weightstream_client._format import (
+    JOB_COLUMNS,
+    cell,
+    dump,
+    job_row,
+    labels_text,
+    newest_first,
+    table,
+    with_iso_times,
+)
 
 __all__ = ["register"]
 
@@ -37,6 +46,16 @@ Output = Annotated[
         "--output", "-o", help="json or yaml: every field; default: the columns", show_default=False
     ),
 ]
+
+
+class Status(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
 LabelFilter = Annotated[list[str] | None, typer.Option("--label", help="key=value, repeatable")]
 ACTIVE = ("queued", "running")
 
@@ -65,8 +84,9 @@ config_app = typer.Typer(help="The client's configuration.", no_args_is_help=Tru
 
 
 def _print_jobs(jobs: list[dict[str, Any]], output: OutputFormat | None, one: bool = False) -> None:
-    if output is not None:
-        sys.stdout.write(dump(jobs[0] if one else jobs, output.value))
+    if output is not None:  # times as ISO 8601 UTC: a person reads this, the REST API has the numbers
+        shown = [with_iso_times(j) for j in jobs]
+        sys.stdout.write(dump(shown[0] if one else shown, output.value))
     else:  # plain text, not rich: a pipe gets every job on one line at its full width
         now = time.time()
         sys.stdout.write(table(JOB_COLUMNS, [job_row(j, now) for j in jobs]))
@@ -75,19 +95,24 @@ def _print_jobs(jobs: list[dict[str, Any]], output: OutputFormat | None, one: bo
 @get_app.command("jobs")
 def get_jobs(
     active: Annotated[bool, typer.Option("--active", help="queued and running jobs only")] = False,
+    status: Annotated[Status | None, typer.Option(help="only jobs in this phase", show_default=False)] = None,
     label: LabelFilter = None,
     output: Output = None,
     url: Url = None,
 ) -> None:
-    """List jobs, newest first, finished ones included.
+    """List jobs, newest first, finished ones included (`wsctl jobs` is the same command).
 
     Columns: NAME (the job id), AGE, DURATION (time spent running), PHASE, SYSTEMS (CS-2 workers),
     DENSITY (the share of weights that may be non-zero: 100% unless the params ask for sparsity), USER,
     LABELS; one job a line, never wrapped."""
     wanted = parse_labels(label or [])
+    if active and status is not None:
+        raise typer.BadParameter("--active and --status are alternatives: give one", param_hint="--status")
     try:
         c = connect(url)
-        if active:
+        if status is not None:
+            jobs = c.jobs(status.value, wanted)
+        elif active:
             # queued before running: a job that starts between the two requests is in both (kept once,
             # as running), never in neither
             found = {j["id"]: j for status in ACTIVE for j in c.jobs(status, wanted)}
@@ -235,5 +260,6 @@ def register(app: typer.Typer) -> None:
         ("config", config_app),
     ):
         app.add_typer(group, name=name)
+    app.command("jobs", help="List jobs: the same as `wsctl get jobs`.")(get_jobs)
     app.command("log-export")(log_export)
     app.command()(dashboard)

@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from weightstream_client._client import ApiError, JobFailedError, load_params
 from weightstream_client._common import JobId, Url, connect, err, fail, out, parse_labels
@@ -60,27 +59,6 @@ def submit(
             out.print(f"{job.id} {info['status']}")
     except (ApiError, JobFailedError) as e:
         raise fail(e) from None
-
-
-@app.command()
-def jobs(
-    status: Annotated[
-        str | None, typer.Option(help="queued, running, succeeded, failed or cancelled")
-    ] = None,
-    label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
-    url: Url = None,
-) -> None:
-    """List jobs."""
-    try:
-        rows = connect(url).jobs(status, parse_labels(label or []))
-    except ApiError as e:
-        raise fail(e) from None
-    table = Table("id", "status", "num_csx", "priority", "labels", "submitted")
-    for j in rows:
-        labels = ",".join(f"{k}={v}" for k, v in j["labels"].items())
-        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created_at"]))
-        table.add_row(j["id"], j["status"], str(j["num_csx"]), str(j["priority"]), labels, submitted)
-    out.print(table)
 
 
 @app.command()

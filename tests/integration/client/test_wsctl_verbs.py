@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,40 @@ def test_get_shows_the_model_density_of_sparse_and_dense_jobs(served: Served) ->
     pruned = 2 * (32 * 64 - kept_count(32 * 64, 0.9))  # two c_fc weights [32, 64], 10% kept each
     assert listed[sparse]["density"] == pytest.approx(1 - pruned / n)
     assert by_id[sparse]["DENSITY"] == f"{100 * (1 - pruned / n):.3g}%"
+
+
+def test_jobs_and_get_jobs_are_one_listing_with_times_in_iso_utc(served: Served) -> None:
+    """`wsctl jobs` is `wsctl get jobs` (one code path, the same columns and filters), and -o yaml|json
+    shows a job's times as ISO 8601 UTC while the REST API keeps its seconds since the epoch."""
+    served.fleet.instant.add("done")
+    done = served.submit("done")
+    served.wait_started("done")
+    wait_for(lambda: served.service.is_terminal(done), lambda: "done to finish")
+    served.submit("running", team="b")
+    served.wait_started("done", "running")
+
+    def without_times(stdout: str) -> list[list[str]]:  # AGE and DURATION move on between two calls
+        return [[c for i, c in enumerate(row) if i not in (1, 2)] for row in rows(stdout)]
+
+    for args in ([], ["--label", "team=b"], ["--status", "succeeded"], ["--active"]):
+        short, long = wsctl(served.url, "jobs", *args), wsctl(served.url, "get", "jobs", *args)
+        assert short.returncode == long.returncode == 0, short.stderr + long.stderr
+        assert without_times(short.stdout) == without_times(long.stdout), args
+    assert [r[0] for r in rows(wsctl(served.url, "jobs", "--status", "succeeded").stdout)[1:]] == [done]
+    assert rows(wsctl(served.url, "jobs").stdout)[0] == list(JOB_COLUMNS)
+
+    with served.http() as http:
+        api = http.get(f"/v1/jobs/{done}").json()
+    assert isinstance(api["created_at"], float)  # the API's schema: seconds since the epoch
+    for fmt, load in (("yaml", yaml.safe_load), ("json", json.loads)):
+        shown = load(wsctl(served.url, "get", "job", done, "-o", fmt).stdout)
+        for got, want in [
+            (shown["created_at"], api["created_at"]),
+            (shown["updated_at"], api["updated_at"]),
+            *((h["at"], a["at"]) for h, a in zip(shown["history"], api["history"], strict=True)),
+        ]:
+            assert isinstance(got, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", got), got
+            parsed = datetime.fromisoformat(got.replace("Z", "+00:00"))
+            assert parsed.tzinfo == UTC and abs(parsed.timestamp() - want) < 1e-3
+        listed = load(wsctl(served.url, "get", "jobs", "-o", fmt).stdout)
+        assert {j["id"]: j["created_at"] for j in listed}[done] == shown["created_at"]
