@@ -226,8 +226,9 @@ def serve(
     user_name: limit.UserName = "",
 ) -> None:
     """Run the coordinator as a service: the REST API over a persistent job queue (local processes).
-    SIGTERM stops it: running jobs go back to the queue and resume from their last checkpoint after a
-    restart."""
+    Once it listens it prints the dashboard's URL, the API's base, the job store and the data roots.
+    SIGTERM or Ctrl-C stops it: running jobs go back to the queue and resume from their last checkpoint
+    after a restart."""
     import logging
     import os
 
@@ -238,6 +239,7 @@ def serve(
     from weightstream.jobs.data_roots import resolve_data_roots
     from weightstream.jobs.grpc_api import serve_grpc
     from weightstream.jobs.service import JobService, ServiceConfig
+    from weightstream.serve_banner import STOPPED, ServeBanner, stopping_lines
 
     if not token:
         err.print("[red]error:[/red] set WEIGHTSTREAM_TOKEN (or --token): every /v1 route needs it")
@@ -288,15 +290,27 @@ def serve(
             highlight=False,
         )
         raise typer.Exit(2) from None
-    out.print(
-        f"weightstream service: REST http://{host}:{port}, gRPC {host}:{bound}, {slots} CS-2 slots, "
-        f"data in {data_dir}"
-    )
+    rest = create_app(service, token)
+
+    def ready(bound_port: int) -> None:  # plain lines, flushed: this usually goes to a log, not a terminal
+        token_source = "$WEIGHTSTREAM_TOKEN" if os.environ.get("WEIGHTSTREAM_TOKEN") == token else "--token"
+        banner = ServeBanner(
+            host, bound_port, f"{host}:{bound}", backend, slots, config.data_dir, config.data_roots,
+            token_source, rest.docs_url,
+        )  # fmt: skip
+        print("\n".join(banner.lines()), flush=True)
+
+    def stopping(signal_name: str) -> None:
+        running = [j.id for j in service.store.list("running")]
+        print("\n".join(stopping_lines(signal_name, running, len(service.store.queue()))), flush=True)
+        service.stop()
+
     try:  # SIGTERM or Ctrl-C: running jobs are stopped and requeued at once, while REST connections drain
-        run_until_signalled(create_app(service, token), host, port, on_signal=service.stop)
+        run_until_signalled(rest, host, port, on_signal=stopping, on_ready=ready)
     finally:
         grpc_server.stop(grace=2)
         service.shutdown()
+        print(STOPPED, flush=True)
 
 
 @app.command("plan")

@@ -65,6 +65,11 @@ def test_sigterm_requeues_a_running_job_which_resumes_after_a_restart(tmp_path: 
             service.proc.wait(timeout=60) == 0
         )  # it stops by itself, well inside a pod's 30 s grace + margin
         assert not any(_alive(p) for p in pids), "a role outlived the service's shutdown"
+        port = service.url.rsplit(":", 1)[1]
+        said = (tmp_path / f"serve-{port}.log").read_text().splitlines()  # what the operator was told
+        assert said[said.index("SIGTERM: stopping; new submissions are refused.") + 1].startswith(
+            f"  running jobs: 1 ({job.id}), stopped now and queued again"
+        )
         resume_step = complete_checkpoints(model_dir)[-1][0]
         done_before = max(_logged_steps(model_dir))
         assert every <= resume_step < done_before < max_steps

@@ -22,13 +22,30 @@ __all__ = ["DRAIN_S", "run_until_signalled"]
 DRAIN_S = 5  # an event stream followed until its job ends would otherwise hold the shutdown up forever
 
 
-def run_until_signalled(app: Any, host: str, port: int, on_signal: Callable[[], None]) -> None:
-    """Serve ``app`` until SIGTERM or SIGINT; ``on_signal`` then runs at once, in a thread of its own,
-    while connections drain. Returns normally after SIGTERM; raises KeyboardInterrupt after Ctrl-C."""
+def run_until_signalled(
+    app: Any,
+    host: str,
+    port: int,
+    on_signal: Callable[[str], None],
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT. ``on_ready(port)`` runs once it listens (``port``: the one
+    bound, which ``port=0`` leaves to the system); ``on_signal(name)`` ("SIGTERM", "SIGINT") runs at the
+    first signal, in a thread of its own, while connections drain. Returns normally after SIGTERM; raises
+    KeyboardInterrupt after Ctrl-C."""
+    signalled = threading.Event()
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and on_ready is not None:
+                on_ready(self.servers[0].sockets[0].getsockname()[1] if self.servers else port)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            threading.Thread(target=on_signal, name="on-signal", daemon=True).start()
+            if not signalled.is_set():  # a second Ctrl-C only hurries uvicorn along
+                signalled.set()
+                name = signal.Signals(sig).name
+                threading.Thread(target=on_signal, args=(name,), name="on-signal", daemon=True).start()
             super().handle_exit(sig, frame)
 
     terminated = threading.Event()
