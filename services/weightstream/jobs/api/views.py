@@ -67,9 +67,12 @@ class PriorityRequest(BaseModel):
     priority: int = Field(ge=1, le=3, description="1 runs before 2 before 3")
 
 
+EPOCH_S = "seconds since the Unix epoch (UTC); `wsctl get -o yaml|json` shows ISO 8601"
+
+
 class HistoryEntry(BaseModel):
     status: Status
-    at: float
+    at: float = Field(description=EPOCH_S)
     reason: str | None = None
 
 
@@ -82,8 +85,8 @@ class JobView(BaseModel):
     labels: dict[str, str]
     priority: int
     user: str = Field(description="who submitted it: the service's user name (serve --user-name)")
-    created_at: float
-    updated_at: float
+    created_at: float = Field(description=EPOCH_S)
+    updated_at: float = Field(description=EPOCH_S)
     duration_s: float = Field(description="seconds spent running, over every run; a run under way counts")
     error: str | None
     history: list[HistoryEntry]
