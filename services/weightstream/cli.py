@@ -200,13 +200,7 @@ def serve(
     image: Annotated[
         str, typer.Option(help="kubernetes: the weightstream image for job pods")
     ] = "weightstream:dev",
-    data_claim: Annotated[
-        str | None,
-        typer.Option(
-            "--data-claim",
-            help="kubernetes (required there): PVC mounted at /data in job pods (use --data-dir /data)",
-        ),
-    ] = None,
+    data_claim: limit.DataClaim = None,
     worker_cpu: Annotated[str, typer.Option("--worker-cpu", help="kubernetes: CPU of each worker pod")] = "2",
     overhead_mib: Annotated[
         int, typer.Option("--overhead-mib", help="kubernetes: memory added per pod")
@@ -322,13 +316,7 @@ def plan_command(
     namespace: Annotated[str, typer.Option(help="kubernetes: namespace")] = "default",
     image: Annotated[str, typer.Option(help="kubernetes: the weightstream image")] = "weightstream:dev",
     job_id: Annotated[str, typer.Option("--job-id", help="kubernetes: the job id used in names")] = "preview",
-    data_claim: Annotated[
-        str | None,
-        typer.Option(
-            "--data-claim",
-            help="kubernetes (required there): the service's PVC, as `serve --data-claim` (at /data)",
-        ),
-    ] = None,
+    data_claim: limit.DataClaim = None,
     data_dir: Annotated[
         Path,
         typer.Option(

@@ -1,5 +1,5 @@
-"""The options of `weightstream serve` that bound what the service accepts (its data roots and limits), and
-the user name it records on each job.
+"""The options of `weightstream serve` that bound what the service accepts (its data roots and limits), the
+user name it records on each job, and the Kubernetes data volume (which `plan` takes too).
 
 Kept apart from ``cli.py`` so that the command's signature stays one line per option; the defaults and
 their meaning live in ``jobs.limits.ServiceLimits`` and ``jobs.config.ServiceConfig``.
@@ -16,6 +16,7 @@ from weightstream.jobs.limits import ServiceLimits
 
 __all__ = [
     "DEFAULTS",
+    "DataClaim",
     "DataRoots",
     "KeepCheckpointMax",
     "MaxJobSeconds",
@@ -32,6 +33,15 @@ __all__ = [
 DEFAULTS = ServiceLimits()
 _PANEL = "Data roots and limits of submitted jobs (`weightstream run` has neither)"
 
+DataClaim = Annotated[
+    str | None,
+    typer.Option(
+        "--data-claim",
+        help="kubernetes (required there): the PersistentVolumeClaim holding the service's --data-dir, "
+        "mounted at /data in job pods (use --data-dir /data)",
+        show_default=False,
+    ),
+]
 DataRoots = Annotated[
     list[Path] | None,
     typer.Option(

@@ -116,36 +116,27 @@ class JobService:
 
     # -- accepting work ------------------------------------------------------------------------------------
     def submit(
-        self,
-        params: dict[str, Any],
-        num_csx: int | None = None,
-        labels: dict[str, str] | None = None,
+        self, params: dict[str, Any], num_csx: int | None = None, labels: dict[str, str] | None = None,
         priority: int = 2,
-    ) -> Job:
-        """Validate as `weightstream run` does, then within this service's limits and data roots, then
-        enqueue. ``num_csx`` overrides the params' ``runconfig.num_csx``; None keeps theirs (as `run`
-        without --num_csx). Raises ParamsError (every problem with its key path), CapacityError (more
-        CS-2 than the service has) or QueueFull (as many jobs queued as allowed, or the service is
-        stopping)."""
+    ) -> Job:  # fmt: skip
+        """Validate as `weightstream run` does, then within the service's limits and data roots; enqueue.
+        ``num_csx`` overrides ``runconfig.num_csx`` (None: the params' own). Raises ParamsError (each
+        problem at its key path), CapacityError (over the CS-2 slots) or QueueFull (full, or stopping)."""
         limits = self.config.limits
         labels = {} if labels is None else labels
         problems = check_request(params, num_csx, labels, priority, limits)
         if problems:
             raise ParamsError(problems, "request")
-        if num_csx is not None:  # known now: refused before the params are read
-            self._check_capacity(num_csx)
+        given = {} if num_csx is None else {"num_csx": self._within_slots(num_csx)}  # before reading params
         job_id = uuid.uuid4().hex[:12]
         model_dir = self.jobs_dir / job_id
-        overrides: dict[str, Any] = {"model_dir": str(model_dir), **with_service_defaults(params, limits)}
-        if num_csx is not None:
-            overrides["num_csx"] = num_csx
+        overrides = {**given, "model_dir": str(model_dir), **with_service_defaults(params, limits)}
         loaded = read_params(params, overrides, "params", override_label="runconfig.{}")  # either layout
         try:
             parsed = admit(loaded.params, self.config.limits, self.config.data_roots)
         except ParamsError as e:  # each problem at the key path the user wrote
             raise ParamsError(relocate(e.problems, loaded.origin), "params") from None
-        num_csx = parsed.runconfig.num_csx
-        self._check_capacity(num_csx)
+        num_csx = self._within_slots(parsed.runconfig.num_csx)
         with self._submit_lock:
             if self._stopped.is_set():
                 raise QueueFull("the service is stopping: submit again once it is back")
@@ -185,9 +176,10 @@ class JobService:
         self._wake.set()  # it may now head the queue, and fit in the slots that are free
         return job
 
-    def _check_capacity(self, num_csx: int) -> None:
+    def _within_slots(self, num_csx: int) -> int:
         if num_csx > self.config.slots:
             raise CapacityError(f"num_csx={num_csx} exceeds this service's {self.config.slots} CS-2 slots")
+        return num_csx
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job at once, or stop a running one (its processes are stopped now; the job
