@@ -4,6 +4,16 @@ Not part of the weightstream distribution: tests import it from the repository r
 scripts/ put the root on their path. Root only; ``unavailable()`` says why not where it cannot run.
 """
 
-from testbed.hosts import BRIDGE_ADDRESS, EmulatedHosts, Host, HostsUnavailable, parse_rate, unavailable
+from testbed.hosts import (
+    BRIDGE_ADDRESS,
+    EmulatedHosts,
+    Host,
+    HostsUnavailable,
+    parse_rate,
+    running,
+    unavailable,
+)
 
-__all__ = ["BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "unavailable"]
+__all__ = [
+    "BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "running", "unavailable",
+]

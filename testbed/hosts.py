@@ -33,7 +33,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "unavailable"]
+__all__ = [
+    "BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "running", "unavailable",
+]
 
 BRIDGE_ADDRESS = "198.18.0.1"  # the switch's own address on the bridge: the machine itself, seen from a host
 _PREFIX_LEN = 24
@@ -97,6 +99,15 @@ def _start_init(unshare_flags: Sequence[str], args: Sequence[str]) -> tuple[subp
     return proc, int(children[0])  # with --fork, unshare's only child is the host's PID 1
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, already dead and waiting to be reaped, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 class Host:
     """One emulated host: its name, its address, and the root-namespace PID of its PID 1."""
 
@@ -137,6 +148,15 @@ class Host:
                 raise ProcessLookupError(f"the command in nsenter {proc.pid} already ended ({proc.returncode})")
             time.sleep(0.005)  # nsenter forks within microseconds of starting; this loop rarely turns
         raise TimeoutError(f"nsenter {proc.pid} started no command within {timeout} s")
+
+    def stop(self, proc: subprocess.Popen[Any], timeout: float = _START_TIMEOUT) -> None:
+        """SIGKILL the command that ``popen`` started, and wait for it (its pipes closed)."""
+        if proc.poll() is None:
+            try:
+                os.kill(self.inner_pid(proc), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate(timeout=timeout)
 
     @property
     def alive(self) -> bool:
@@ -260,6 +280,21 @@ class EmulatedHosts:
 
     def restore(self, name: str) -> None:
         self._switch_ip([f"link set {self[name].name} up"])
+
+    def leftovers(self) -> list[str]:
+        """What this run still has on the machine, described; [] once ``close`` has done its work."""
+        found = []
+        holders = [self.switch_pid] if self._switch is not None else []
+        for pid in holders + [p for host in self.hosts for p in (host.init_pid, host._holder.pid)]:
+            if running(pid):
+                found.append(f"namespace holder {pid}")
+        found += [f"process {pid} on {host.name}" for host in self.hosts for pid in host.processes()]
+        if self.dir.exists():
+            found.append(f"directory {self.dir}")
+        for listing in (["ip", "netns", "list"], ["ip", "-o", "link", "show"]):
+            out = subprocess.run(listing, capture_output=True, text=True, timeout=30, check=True).stdout
+            found += [f"{' '.join(listing)}: {line}" for line in out.splitlines() if self.tag in line]
+        return found
 
     def close(self) -> None:
         """Kill every host and the switch, wait until their processes are gone, remove this run's files."""
