@@ -15,5 +15,11 @@ from testbed.hosts import (
 )
 
 __all__ = [
-    "BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "running", "unavailable",
+    "BRIDGE_ADDRESS",
+    "EmulatedHosts",
+    "Host",
+    "HostsUnavailable",
+    "parse_rate",
+    "running",
+    "unavailable",
 ]

@@ -17,6 +17,7 @@ even a crashed run leaves nothing behind; ``close`` ends them all and waits unti
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -34,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "BRIDGE_ADDRESS", "EmulatedHosts", "Host", "HostsUnavailable", "parse_rate", "running", "unavailable",
+    "BRIDGE_ADDRESS",
+    "EmulatedHosts",
+    "Host",
+    "HostsUnavailable",
+    "parse_rate",
+    "running",
+    "unavailable",
 ]
 
 BRIDGE_ADDRESS = "198.18.0.1"  # the switch's own address on the bridge: the machine itself, seen from a host
@@ -61,7 +68,10 @@ def unavailable() -> str | None:
         return f"emulated hosts need {', '.join(missing)} (iproute2, util-linux)"
     probe = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "--ipc", "true"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     if probe.returncode != 0:
         return f"this kernel refuses new namespaces: {probe.stderr.strip()}"
@@ -85,7 +95,10 @@ def _start_init(unshare_flags: Sequence[str], args: Sequence[str]) -> tuple[subp
     process that holds the namespaces) once it has said "ready"."""
     proc = subprocess.Popen(
         ["unshare", *unshare_flags, sys.executable, "-I", str(_INIT), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_die_with_parent,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until ready, or EOF if it failed
@@ -115,8 +128,17 @@ class Host:
         self.name = name
         self.address = address
         self._holder, self.init_pid = _start_init(
-            ["--net", "--pid", "--fork", "--mount", "--uts", "--ipc", "--mount-proc", "--propagation",
-             "private"],
+            [
+                "--net",
+                "--pid",
+                "--fork",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--mount-proc",
+                "--propagation",
+                "private",
+            ],
             ["host", name, str(hosts_file)],
         )
         self._pid_ns = os.readlink(f"/proc/{self.init_pid}/ns/pid")
@@ -145,17 +167,15 @@ class Host:
             if children:
                 return int(children[0])
             if proc.poll() is not None:
-                raise ProcessLookupError(f"the command in nsenter {proc.pid} already ended ({proc.returncode})")
+                raise ProcessLookupError(f"nsenter {proc.pid}'s command already ended ({proc.returncode})")
             time.sleep(0.005)  # nsenter forks within microseconds of starting; this loop rarely turns
         raise TimeoutError(f"nsenter {proc.pid} started no command within {timeout} s")
 
     def stop(self, proc: subprocess.Popen[Any], timeout: float = _START_TIMEOUT) -> None:
         """SIGKILL the command that ``popen`` started, and wait for it (its pipes closed)."""
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.inner_pid(proc), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.communicate(timeout=timeout)
 
     @property
@@ -201,8 +221,14 @@ class EmulatedHosts:
         self._switch: subprocess.Popen[str] | None = None
         try:
             self._switch, self.switch_pid = _start_init(["--net"], ["switch"])
-            self._switch_ip(["link add br0 type bridge", f"addr add {BRIDGE_ADDRESS}/{_PREFIX_LEN} dev br0",
-                             "link set br0 up", "link set lo up"])
+            self._switch_ip(
+                [
+                    "link add br0 type bridge",
+                    f"addr add {BRIDGE_ADDRESS}/{_PREFIX_LEN} dev br0",
+                    "link set br0 up",
+                    "link set lo up",
+                ]
+            )
             names = [(f"h{i}", f"198.18.0.{_FIRST_HOST + i - 1}") for i in range(1, count + 1)]
             hosts_file = self.dir / "hosts"
             hosts_file.write_text(
@@ -243,31 +269,59 @@ class EmulatedHosts:
         return ["nsenter", "-t", str(self.switch_pid), "-n", *argv]
 
     def _switch_ip(self, commands: list[str]) -> None:
-        subprocess.run(self.switch_command(["ip", "-batch", "-"]), input="\n".join(commands) + "\n",
-                       text=True, check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            self.switch_command(["ip", "-batch", "-"]),
+            input="\n".join(commands) + "\n",
+            text=True,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     def _wire(self, host: Host) -> None:
         # both ends made in the switch, the host's end then moved into the host as eth0: no link ever
         # appears in the machine's own namespace
-        self._switch_ip([f"link add {host.name} type veth peer name {host.name}-eth0",
-                         f"link set {host.name}-eth0 netns {host.init_pid}",
-                         f"link set {host.name} master br0 up"])
-        subprocess.run(host.command(["ip", "-batch", "-"], cwd="/"), text=True, check=True,
-                       capture_output=True, timeout=30,
-                       input=f"link set {host.name}-eth0 name eth0\n"
-                             f"addr add {host.address}/{_PREFIX_LEN} dev eth0\n"
-                             "link set eth0 up\nlink set lo up\n")
+        self._switch_ip(
+            [
+                f"link add {host.name} type veth peer name {host.name}-eth0",
+                f"link set {host.name}-eth0 netns {host.init_pid}",
+                f"link set {host.name} master br0 up",
+            ]
+        )
+        subprocess.run(
+            host.command(["ip", "-batch", "-"], cwd="/"),
+            text=True,
+            check=True,
+            capture_output=True,
+            timeout=30,
+            input=f"link set {host.name}-eth0 name eth0\n"
+            f"addr add {host.address}/{_PREFIX_LEN} dev eth0\n"
+            "link set eth0 up\nlink set lo up\n",
+        )
 
     def set_rate(self, name: str, rate: str | None) -> None:
-        """Limit host ``name``'s outgoing link to ``rate`` (tc notation) with a token bucket; None lifts it."""
+        """Limit host ``name``'s outgoing link to ``rate`` (tc notation), a token bucket; None lifts it."""
         host = self[name]
         if rate is None:
             argv = ["tc", "qdisc", "del", "dev", "eth0", "root"]
         else:
             # the bucket holds 10 ms of traffic, and at least 64 KiB: a whole segmentation-offload packet
             burst = max(64 * 1024, parse_rate(rate) // 8 // 100)
-            argv = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
-                    "burst", str(burst), "latency", "50ms"]
+            argv = [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                "eth0",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                str(burst),
+                "latency",
+                "50ms",
+            ]
         subprocess.run(host.command(argv, cwd="/"), check=True, capture_output=True, timeout=30)
 
     def kill(self, name: str) -> None:
