@@ -86,7 +86,8 @@ def parse_rate(rate: str) -> int:
     return int(float(match[1]) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[match[2]])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """For Popen's preexec_fn: the child gets SIGKILL when the thread that started it ends."""
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -98,7 +99,7 @@ def _start_init(unshare_flags: Sequence[str], args: Sequence[str]) -> tuple[subp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until ready, or EOF if it failed

@@ -1,4 +1,5 @@
-"""Fixtures for integration tests that need more than loopback: emulated hosts (root only)."""
+"""Fixtures for integration tests that need more than loopback: emulated hosts and a Slurm cluster on them
+(root only)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from testbed import EmulatedHosts, unavailable
+from testbed.slurm import SlurmCluster, slurm_unavailable
 
 
 @pytest.fixture
@@ -29,3 +31,18 @@ def emulated_hosts() -> Iterator[Callable[..., EmulatedHosts]]:
             cluster.close()
         left = [item for cluster in made for item in cluster.leftovers()]
         assert left == [], f"emulated hosts left behind: {left}"
+
+
+@pytest.fixture
+def slurm_cluster(emulated_hosts: Callable[..., EmulatedHosts]) -> Iterator[SlurmCluster]:
+    """A real Slurm cluster on four emulated hosts h1..h4, every node idle; stopped after the test, which
+    then fails if a daemon or a file of it is left. Skips, saying why, without Slurm or hosts."""
+    reason = slurm_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = SlurmCluster(emulated_hosts(4))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        assert cluster.leftovers() == [], f"Slurm cluster left behind: {cluster.leftovers()}"
