@@ -113,6 +113,12 @@ def _start_init(unshare_flags: Sequence[str], args: Sequence[str]) -> tuple[subp
     return proc, int(children[0])  # with --fork, unshare's only child is the host's PID 1
 
 
+def host_command(init_pid: int, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> list[str]:
+    """``argv`` wrapped to run inside the host whose PID 1 is ``init_pid`` (root namespace), in ``cwd``."""
+    wd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    return ["nsenter", "-t", str(init_pid), "-n", "-p", "-m", "-u", "-i", f"--wd={wd}", *argv]
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie, already dead and waiting to be reaped, is not)."""
     try:
@@ -147,8 +153,7 @@ class Host:
     def command(self, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> list[str]:
         """``argv`` wrapped so that it runs inside this host (all five namespaces), in ``cwd`` (default:
         the caller's working directory; the files are the machine's)."""
-        wd = os.fspath(cwd) if cwd is not None else os.getcwd()
-        return ["nsenter", "-t", str(self.init_pid), "-n", "-p", "-m", "-u", "-i", f"--wd={wd}", *argv]
+        return host_command(self.init_pid, argv, cwd)
 
     def run(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """subprocess.run inside this host (same keyword arguments; ``cwd`` as in ``command``)."""

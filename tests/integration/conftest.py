@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -11,13 +12,20 @@ from testbed import EmulatedHosts, unavailable
 from testbed.slurm import SlurmCluster, slurm_unavailable
 
 
+def skip_or_fail(reason: str | None) -> None:
+    """Skip with ``reason`` (None: go on), or fail where WEIGHTSTREAM_REQUIRE_HOSTS is set: CI, root with
+    Slurm installed, must run these tests rather than skip them."""
+    if reason is not None:
+        if os.environ.get("WEIGHTSTREAM_REQUIRE_HOSTS"):
+            pytest.fail(f"WEIGHTSTREAM_REQUIRE_HOSTS is set, but {reason}")
+        pytest.skip(reason)
+
+
 @pytest.fixture
 def emulated_hosts() -> Iterator[Callable[..., EmulatedHosts]]:
     """``make(count, rate=None)``: emulated hosts h1..h<count>, torn down after the test, which then fails
     if anything of them is left on the machine. Skips, saying why, where hosts cannot be made."""
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    skip_or_fail(unavailable())
     made: list[EmulatedHosts] = []
 
     def make(count: int, rate: str | None = None) -> EmulatedHosts:
@@ -37,9 +45,7 @@ def emulated_hosts() -> Iterator[Callable[..., EmulatedHosts]]:
 def slurm_cluster(emulated_hosts: Callable[..., EmulatedHosts]) -> Iterator[SlurmCluster]:
     """A real Slurm cluster on four emulated hosts h1..h4, every node idle; stopped after the test, which
     then fails if a daemon or a file of it is left. Skips, saying why, without Slurm or hosts."""
-    reason = slurm_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    skip_or_fail(slurm_unavailable())
     cluster = SlurmCluster(emulated_hosts(4))
     try:
         yield cluster

@@ -193,18 +193,12 @@ def test_a_cut_link_stops_traffic_and_restoring_it_brings_it_back(emulated_hosts
         cluster["h2"].stop(server)
 
 
-def test_closing_leaves_no_namespace_link_process_or_file() -> None:
-    from testbed import unavailable
-
-    if (reason := unavailable()) is not None:
-        pytest.skip(reason)
-    cluster = EmulatedHosts(2, rate="1gbit")
-    try:
-        cluster["h1"].run(["sh", "-c", "setsid sleep 300 &"], timeout=TIMEOUT, check=True)
-        pids = [pid for host in cluster for pid in host.processes()] + [cluster.switch_pid]
-        assert len(pids) == 4 and cluster.leftovers() != []  # the check sees a live run
-    finally:
-        cluster.close()
+def test_closing_leaves_no_namespace_link_process_or_file(emulated_hosts: Make) -> None:
+    cluster = emulated_hosts(2, rate="1gbit")
+    cluster["h1"].run(["sh", "-c", "setsid sleep 300 &"], timeout=TIMEOUT, check=True)
+    pids = [pid for host in cluster for pid in host.processes()] + [cluster.switch_pid]
+    assert len(pids) == 4 and cluster.leftovers() != []  # the check sees a live run
+    cluster.close()
     assert cluster.leftovers() == []
     assert [pid for pid in pids if running(pid)] == []
     for listing in (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["ps", "-eo", "args"]):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from testbed.slurm import SLURMD_TIMEOUT, SlurmCluster
+from testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.hosts
 
@@ -45,7 +45,7 @@ def test_a_heterogeneous_job_runs_each_command_on_its_own_node(slurm_cluster: Sl
 def test_a_killed_host_is_marked_down_within_a_bound(slurm_cluster: SlurmCluster) -> None:
     slurm_cluster.hosts.kill("h4")
     killed = time.monotonic()
-    bound = 5 * SLURMD_TIMEOUT  # measured here: 13 to 16 s with SlurmdTimeout=6
+    bound = 30  # seconds; measured here: 13 to 16 s with SlurmdTimeout=6
     while not slurm_cluster.node_states().get("h4", "").startswith("down"):
         assert time.monotonic() - killed < bound, f"h4 not DOWN {bound} s after its host was killed"
         time.sleep(0.5)  # Slurm tells no one when it marks a node: its state is polled
