@@ -22,6 +22,14 @@ def skip_or_fail(reason: str | None) -> None:
 
 
 @pytest.fixture
+def hosts_possible() -> None:
+    """For tests that make emulated hosts other than through ``emulated_hosts`` (a script): skip or fail
+    as it does."""
+    skip_or_fail(unavailable())
+    skip_or_fail(slurm_unavailable())
+
+
+@pytest.fixture
 def emulated_hosts() -> Iterator[Callable[..., EmulatedHosts]]:
     """``make(count, rate=None)``: emulated hosts h1..h<count>, torn down after the test, which then fails
     if anything of them is left on the machine. Skips, saying why, where hosts cannot be made."""
