@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from testbed.hosts import BRIDGE_ADDRESS, EmulatedHosts, die_with_parent, running
+from testbed.hosts import BRIDGE_ADDRESS, EmulatedHosts, Host, die_with_parent, running
 
 __all__ = ["SlurmCluster", "SlurmUnavailable", "slurm_unavailable"]
 
@@ -172,7 +172,7 @@ class SlurmCluster:
             stderr=subprocess.DEVNULL,
             preexec_fn=die_with_parent,
         )  # a crashed run leaves no daemon
-        pid = self.hosts.hosts[0].inner_pid(proc) if inner else proc.pid
+        pid = Host.inner_pid(proc) if inner else proc.pid
         self._daemons.append((name, proc, pid))
         self._all.append((name, proc, pid))
 

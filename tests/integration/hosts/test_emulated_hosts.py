@@ -4,6 +4,7 @@ rate-limited links, a host that can be killed whole, a link that can be cut, and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -69,6 +70,14 @@ def test_hosts_have_their_own_names_and_reach_each_other_by_name_over_tcp(emulat
         assert python_in(cluster["h1"], ECHO_CLIENT, "h2", port, "5") == "h2:hello"
     finally:
         cluster["h2"].stop(server)
+
+
+def test_each_host_has_its_own_network_pid_mount_uts_and_ipc_namespaces(emulated_hosts: Make) -> None:
+    cluster = emulated_hosts(2)
+    kinds = ("net", "pid", "mnt", "uts", "ipc")
+    machine = {os.readlink(f"/proc/self/ns/{kind}") for kind in kinds}
+    seen = [os.readlink(f"/proc/{host.init_pid}/ns/{kind}") for host in cluster for kind in kinds]
+    assert len(set(seen)) == 2 * len(kinds) and machine.isdisjoint(seen)
 
 
 # Holds a memfd and a /dev/shm file named ws-probe until stdin closes; prints "ready" once they exist.

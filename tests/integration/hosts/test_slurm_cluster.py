@@ -28,11 +28,12 @@ def test_every_host_is_an_idle_node_at_its_address(slurm_cluster: SlurmCluster) 
 
 def test_srun_runs_inside_the_host_it_names(slurm_cluster: SlurmCluster) -> None:
     for host in slurm_cluster.hosts:
-        # its hostname, and PID 1 of its PID namespace is that host's own
-        lines = out(slurm_cluster, ["srun", "-w", host.name, "sh", "-c", "hostname; cat /proc/1/cmdline"])
-        name, init = lines.split("\n", 1)
+        # its hostname; PID 1 of its PID namespace is that host's own; and the job is a process of it
+        job = "hostname; tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/self"
+        name, init, pid = out(slurm_cluster, ["srun", "-w", host.name, "sh", "-c", job]).splitlines()
         assert name == host.name
-        assert f"\0host\0{host.name}\0" in init  # _init.py's arguments
+        assert f" host {host.name} " in init  # _init.py's arguments
+        assert pid.isdigit()  # a process outside the host's PID namespace has no /proc/self in its /proc
 
 
 def test_a_heterogeneous_job_runs_each_command_on_its_own_node(slurm_cluster: SlurmCluster) -> None:
