@@ -169,9 +169,10 @@ class Host:
         """The root-namespace PID of the command that ``popen`` started (nsenter's child)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            if children:
-                return int(children[0])
+            with contextlib.suppress(OSError):  # nsenter itself already gone: poll says so below
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                if children:
+                    return int(children[0])
             if proc.poll() is not None:
                 raise ProcessLookupError(f"nsenter {proc.pid}'s command already ended ({proc.returncode})")
             time.sleep(0.005)  # nsenter forks within microseconds of starting; this loop rarely turns
