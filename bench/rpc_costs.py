@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.transport.auth import RoleAuthInterceptor, new_role_token
 from weightstream.transport.rpc import create_server, open_channel
@@ -181,7 +182,7 @@ def main() -> None:
         "ratio_stream_over_call": round(tcp_stream / tcp_call, 3),
         "ratio_unix_over_tcp_call": round(both("unix_socket", "call_per_unit") / tcp_call, 3),
     }
-    print(json.dumps(result))
+    print(json.dumps(record("rpc_costs", result)))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from machine import record  # bench/machine.py: the machine, date, command and commit
+
 from weightstream.backends.environment import role_env
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import Params, load_params
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cluster": {k: v for k, v in cluster.to_dict().items() if k not in ("unit_seconds",)},
         "cerebras_like": cerebras_table(a),
     }
-    print(json.dumps(result), flush=True)
+    print(json.dumps(record("scaling", result)), flush=True)
     return result
 
 
