@@ -1,9 +1,9 @@
 """What a unit's control message costs on the role plane: one call per unit against one stream per pass.
 
 On the shared-memory plane a unit crosses each hop as one small message (a header naming memfds), so
-what a hop costs is gRPC's and Python's work around that message, not bytes. Issue 12's accounting
-named "one stream per pass on each hop instead of one call per unit" as the lever left; this bench prices
-it before anyone builds it. Both ends are the role plane as roles run it: ``create_server`` with the
+what a hop costs is gRPC's and Python's work around that message, not bytes. One stream per pass on each
+hop instead of one call per unit is the lever left on that cost; this bench prices it before anyone builds
+it. Both ends are the role plane as roles run it: ``create_server`` with the
 role credential's interceptor in a process of its own, ``open_channel`` (the token and generation on
 every call, unary-stream calls read on the calling thread), over TCP loopback and over a Unix socket.
 
