@@ -8,7 +8,7 @@ tables of the ``trainer:`` layout and of known ModelZoo keys are the ones the va
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 from reference_pages._markdown import code, paragraphs, table, text
 from reference_pages._types import type_text, yaml_value
 
-__all__ = ["SectionDoc", "key_rows", "params_sections", "section_page"]
+__all__ = ["SectionDoc", "key_rows", "params_page", "params_sections", "section_page"]
 
 
 @dataclass
@@ -117,8 +117,12 @@ def _meaning(f: FieldInfo) -> str:
     return out
 
 
-def section_page(docs: list[SectionDoc], level: int = 2) -> str:
-    """The sections ``docs`` (and their children) as headings, introductions and key tables."""
+def section_page(
+    docs: list[SectionDoc], level: int = 2, extras: Mapping[type[BaseModel], str] | None = None
+) -> str:
+    """The sections ``docs`` (and their children) as headings, introductions and key tables; ``extras``:
+    markdown to add after a model's table."""
+    extras = extras or {}
     out = []
     for doc in docs:
         heading = ", ".join(code(p) for p in doc.paths)
@@ -130,5 +134,41 @@ def section_page(docs: list[SectionDoc], level: int = 2) -> str:
         if len(doc.paths) > 1:
             out.append(f"The same keys at each of these paths; the table names them at {code(doc.paths[0])}.\n")
         out.append(table(["Key", "Type", "Default", "Meaning"], key_rows(doc)))
-        out.append(section_page(doc.children, level))
+        out.append(extras.get(doc.model, ""))
+        out.append(section_page(doc.children, level, extras))
     return "\n".join(part for part in out if part)
+
+
+def params_page() -> str:
+    """The page of params keys: the legacy layout's sections, the ``trainer:`` layout, the known ModelZoo
+    keys."""
+    from weightstream.params.initializer_schema import InitializerParams
+    from weightstream.params.optimizer_schema import SchedulePieceParams
+    from weightstream.params.schema import Params
+
+    from reference_pages.layouts import (
+        initializer_table,
+        known_keys_section,
+        scheduler_table,
+        trainer_section,
+    )
+
+    intro = (
+        "A params file is ModelZoo's: the legacy layout's sections below, or the `trainer:` layout, which "
+        "is translated into them key by key. An unknown key is an error (with the nearest known one), "
+        "never ignored; `weightstream validate` checks a file and prints its key report.\n"
+    )
+    extras = {
+        InitializerParams: "Each kind takes its own parameters; validation fills in the defaults:\n\n"
+        + initializer_table(),
+        SchedulePieceParams: "The keys each scheduler takes (any other is refused):\n\n" + scheduler_table(),
+    }
+    return "\n".join(
+        [
+            "# Params keys\n",
+            intro,
+            section_page(params_sections(Params), extras=extras),
+            trainer_section(),
+            known_keys_section(),
+        ]
+    )
