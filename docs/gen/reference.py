@@ -11,7 +11,7 @@ import mkdocs_gen_files
 
 sys.path.insert(0, str(Path(__file__).parent))  # reference_pages sits beside this script
 
-from reference_pages.pages import PAGES  # noqa: E402
+from reference_pages.pages import PAGES
 
 for path, render in PAGES.items():
     with mkdocs_gen_files.open(path, "w") as out:

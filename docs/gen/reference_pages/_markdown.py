@@ -59,7 +59,7 @@ def paragraphs(s: str) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A markdown table; cells are markdown already (build them with ``code`` and ``text(..., cell=True)``)."""
+    """A markdown table; its cells are markdown already (``code``, ``text(..., cell=True)``)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(c if c else " " for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"

@@ -8,22 +8,21 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TypeVar
 
+from reference_pages._markdown import code, table, text
 from weightstream.params.initializer_schema import kind_parameters
 from weightstream.params.modelzoo import UNSUPPORTED
 from weightstream.params.not_applicable import NOT_APPLICABLE, Rule
 from weightstream.params.optimizer_schema import SCHEDULER_KEYS
 from weightstream.params.trainer_layout import HOMES, PLAIN
 
-from reference_pages._markdown import code, table, text
-
 __all__ = [
     "initializer_table",
+    "known_keys_section",
     "not_applicable_rows",
     "refused_rows",
     "scheduler_table",
     "trainer_rows",
     "trainer_section",
-    "known_keys_section",
 ]
 
 # PLAIN's tables sit under trainer.init, cluster_config under trainer.init.backend
@@ -44,9 +43,7 @@ def initializer_table() -> str:
 
 def scheduler_table() -> str:
     """The keys each scheduler takes (a key of another is refused, naming the schedulers that take it)."""
-    rows = [
-        [code(name), ", ".join(code(k) for k in sorted(keys))] for name, keys in SCHEDULER_KEYS.items()
-    ]
+    rows = [[code(name), ", ".join(code(k) for k in sorted(keys))] for name, keys in SCHEDULER_KEYS.items()]
     return table(["scheduler", "Takes"], rows)
 
 

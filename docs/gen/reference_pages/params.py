@@ -113,7 +113,7 @@ def _meaning(f: FieldInfo) -> str:
     out = text(f.description or "", cell=True)
     nested = [m for m, _, _ in _members(f.annotation, "")]
     if nested:
-        out += (" " if out else "") + "Its keys: below."
+        out += ("; " if out else "") + "its keys are below"
     return out
 
 
@@ -132,7 +132,9 @@ def section_page(
         if _doc(doc.model):
             out.append(paragraphs(_doc(doc.model)) + "\n")
         if len(doc.paths) > 1:
-            out.append(f"The same keys at each of these paths; the table names them at {code(doc.paths[0])}.\n")
+            out.append(
+                f"The same keys at each of these paths; the table names them at {code(doc.paths[0])}.\n"
+            )
         out.append(table(["Key", "Type", "Default", "Meaning"], key_rows(doc)))
         out.append(extras.get(doc.model, ""))
         out.append(section_page(doc.children, level, extras))
@@ -142,16 +144,15 @@ def section_page(
 def params_page() -> str:
     """The page of params keys: the legacy layout's sections, the ``trainer:`` layout, the known ModelZoo
     keys."""
-    from weightstream.params.initializer_schema import InitializerParams
-    from weightstream.params.optimizer_schema import SchedulePieceParams
-    from weightstream.params.schema import Params
-
     from reference_pages.layouts import (
         initializer_table,
         known_keys_section,
         scheduler_table,
         trainer_section,
     )
+    from weightstream.params.initializer_schema import InitializerParams
+    from weightstream.params.optimizer_schema import SchedulePieceParams
+    from weightstream.params.schema import Params
 
     intro = (
         "A params file is ModelZoo's: the legacy layout's sections below, or the `trainer:` layout, which "
