@@ -24,6 +24,7 @@ from reference_pages.params import params_page  # noqa: E402
 
 from weightstream.jobs.metrics import register_metrics  # noqa: E402
 from weightstream.params.initializer_schema import INITIALIZER_NAMES  # noqa: E402
+from weightstream.params.load import READ_FIRST  # noqa: E402
 from weightstream.params.modelzoo import UNSUPPORTED  # noqa: E402
 from weightstream.params.not_applicable import NOT_APPLICABLE  # noqa: E402
 from weightstream.params.optimizer_schema import SCHEDULERS  # noqa: E402
@@ -187,7 +188,10 @@ def test_params_page_lists_the_trainer_layout() -> None:
 
 def test_params_page_lists_every_known_modelzoo_key() -> None:
     known = params_page().split("## Known ModelZoo keys")[1]
-    not_applicable, refused = known.split("### Refused")
+    read_first, rest = known.split("### Not applicable")
+    for key in READ_FIRST:
+        assert f"| {code(key)} |" in read_first, key
+    not_applicable, refused = rest.split("### Refused")
     for table, keys in ((not_applicable, NOT_APPLICABLE), (refused, UNSUPPORTED)):
         for section, names in keys.items():
             for key in names:

@@ -5,11 +5,13 @@ ModelZoo keys weightstream knows but does not use (the key report's "not applica
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
-from reference_pages._markdown import code, table, text
+from reference_pages._markdown import code, paragraphs, table, text
 from weightstream.params.initializer_schema import kind_parameters
+from weightstream.params.load import READ_FIRST
 from weightstream.params.modelzoo import UNSUPPORTED
 from weightstream.params.not_applicable import NOT_APPLICABLE, Rule
 from weightstream.params.optimizer_schema import SCHEDULER_KEYS
@@ -19,6 +21,7 @@ __all__ = [
     "initializer_table",
     "known_keys_section",
     "not_applicable_rows",
+    "read_first_rows",
     "refused_rows",
     "scheduler_table",
     "trainer_rows",
@@ -63,13 +66,23 @@ def trainer_section() -> str:
         "it into the legacy layout above, key by key, and names every problem and every line of the key "
         "report at the path you wrote. `trainer` may also be a list of one trainer.\n"
     )
-    rows = [[code(key), text(home, cell=True)] for key, home in sorted(trainer_rows())]
+    rows = [[code(key), _home(home)] for key, home in sorted(trainer_rows())]
     return "\n".join(["## The `trainer:` layout\n", intro, table(["Key", "Lands at"], rows)])
+
+
+def _home(home: str) -> str:
+    """A legacy key path as code; a sentence as text."""
+    return code(home) if re.fullmatch(r"[\w.]+", home) else text(home, cell=True)
 
 
 def _rule_values(rule: Rule) -> str:
     default = next(f.default for f in dataclasses.fields(Rule) if f.name == "harmless")
-    return "any" if rule.harmless is default else "the default only; another value is refused"
+    return "any" if rule.harmless is default else "those that change nothing (see why); others are refused"
+
+
+def read_first_rows() -> list[tuple[str, str]]:
+    """(key path, what is done with it) of the keys read before validation, from their readers' docs."""
+    return [(path, " ".join((read.__doc__ or "").split())) for path, read in READ_FIRST.items()]
 
 
 V = TypeVar("V")
@@ -114,12 +127,17 @@ def known_keys_section() -> str:
         "(reported with the reason); a refused one would change what trains if it were ignored, so the "
         "file is refused, naming it.\n"
     )
+    first = [[code(p), text(what, cell=True)] for p, what in read_first_rows()]
     na = [[_paths(p), values, text(why, cell=True)] for p, values, why in not_applicable_rows()]
     refused = [[_paths(p), text(why, cell=True)] for p, why in refused_rows()]
     return "\n".join(
         [
             "## Known ModelZoo keys\n",
             intro,
+            "### Read before validation\n",
+            paragraphs("These switches are applied to the file before the tables above validate it."),
+            "",
+            table(["Key", "What it does"], first),
             "### Not applicable\n",
             table(["Key", "Values accepted", "Why it changes nothing"], na),
             "### Refused\n",

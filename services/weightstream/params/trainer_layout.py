@@ -99,7 +99,8 @@ HOMES: dict[str, str] = {
     "trainer.init.schedulers": "optimizer.learning_rate: one scheduler, or a SequentialLR of pieces "
     "(milestones: the running sums of the pieces' total_iters)",
     "trainer.init.callbacks": "each {Name: {settings}} used, reported as not applicable, or refused",
-    "trainer.init.loggers": "each {Name: {settings}} reported as not applicable",
+    "trainer.init.loggers": "each {Name: {settings}} reported as not applicable (an unknown name is an "
+    "error)",
     "trainer.init.weightstream": "runconfig: weightstream's own keys, which ModelZoo has no place for",
     "trainer.fit.train_dataloader": "train_input (the whole section)",
     "trainer.fit.val_dataloader": "eval_input (the whole section; a list of one is taken)",
