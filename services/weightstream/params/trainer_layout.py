@@ -25,7 +25,7 @@ from weightstream.params.errors import Problem
 from weightstream.params.layout import KeyUse, Origin, join
 from weightstream.params.trainer_callbacks import callbacks, loggers
 
-__all__ = ["PLAIN", "Translation", "from_trainer"]
+__all__ = ["HOMES", "PLAIN", "Translation", "from_trainer"]
 
 # trainer section -> {key: legacy path}; a value of None is a whole legacy section
 PLAIN: dict[str, dict[str, str]] = {
@@ -87,6 +87,26 @@ PLAIN: dict[str, dict[str, str]] = {
         "job_time_sec": "runconfig.job_time_sec",
         "disable_version_check": "runconfig.disable_version_check",
     },
+}
+# the trainer keys outside PLAIN's tables -> where each lands (the page of params keys shows these)
+HOMES: dict[str, str] = {
+    "trainer.init.model": "model (the whole section, its keys as in the legacy layout)",
+    "trainer.init.sparsity": "sparsity (the whole section)",
+    "trainer.init.model_dir": "runconfig.model_dir",
+    "trainer.init.seed": "runconfig.seed",
+    "trainer.init.optimizer": "optimizer: {Name: {settings}}, Name as optimizer_type; lr is a constant "
+    "learning_rate unless schedulers are given",
+    "trainer.init.schedulers": "optimizer.learning_rate: one scheduler, or a SequentialLR of pieces "
+    "(milestones: the running sums of the pieces' total_iters)",
+    "trainer.init.callbacks": "each {Name: {settings}} used, reported as not applicable, or refused",
+    "trainer.init.loggers": "each {Name: {settings}} reported as not applicable (an unknown name is an "
+    "error)",
+    "trainer.init.weightstream": "runconfig: weightstream's own keys, which ModelZoo has no place for",
+    "trainer.fit.train_dataloader": "train_input (the whole section)",
+    "trainer.fit.val_dataloader": "eval_input (the whole section; a list of one is taken)",
+    "trainer.fit.ckpt_path": "runconfig.checkpoint_path",
+    "trainer.validate": "reported as not applicable: weightstream evaluates during training",
+    "trainer.validate_all": "reported as not applicable: weightstream evaluates during training",
 }
 _INIT_KEYS = (
     "backend",
