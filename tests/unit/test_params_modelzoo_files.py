@@ -4,12 +4,16 @@ values agree and an error naming both keys and both values when they do not."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from weightstream.params import ParamsError, load_params, read_params
+from weightstream.params import ParamsError, load_params, model_def, read_params
+
+FILES = Path(__file__).parents[1] / "data" / "modelzoo"
 
 # ModelZoo 2.4's shape (Cerebras-GPT 111M, sizes made small): the precision in both places
 TRAINER_24 = """
@@ -94,3 +98,42 @@ def test_conflict_found_whichever_key_comes_first() -> None:
     message = got["trainer.init.model.mixed_precision"]
     assert "same setting as trainer.init.precision.enabled, which is True" in message
     assert "(got False)" in message
+
+
+def test_cluster_pod_memory_changes_nothing() -> None:
+    """ModelZoo 2.2 to 2.4's 70B LLaMA files size the Cerebras cluster's pods."""
+    raw = yaml.safe_load((FILES / "Release_2.3.1/llama/configs/params_llama2_70b.yaml").read_text())
+    raw["model"]["name"] = "llama"
+    lines = {u.path: u for u in read_params(raw).report}
+    for key in ("compile_crd_memory_gi", "execute_crd_memory_gi"):
+        line = lines[f"runconfig.{key}"]
+        assert line.action == "not applicable" and "pods" in line.note
+
+
+def _published() -> list[Path]:
+    return sorted(FILES.rglob("*.yaml"))
+
+
+def test_files_of_several_releases_are_here() -> None:
+    releases = {p.relative_to(FILES).parts[0] for p in _published()}
+    assert {"Release_2.2.1", "Release_2.3.1", "Release_2.4.0", "Release_2.10.0"} <= releases
+    assert (FILES / "LICENSE").is_file() and (FILES / "NOTICE").is_file()
+
+
+@pytest.mark.parametrize("path", _published(), ids=lambda p: str(p.relative_to(FILES)))
+def test_published_file_validates(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
+    try:
+        loaded = read_params(raw)
+    except ParamsError as e:  # before ModelZoo 2.4 model.name was not written: the one problem
+        assert [q.path for q in e.problems] in (["model.name"], ["trainer.init.model.name"]), e
+        asked = re.search(r"add the line `name: (\w+)`", e.problems[0].message)
+        release = path.relative_to(FILES).parts[0]
+        assert asked is not None and release in ("Release_2.2.1", "Release_2.3.1"), e
+        (raw["trainer"]["init"]["model"] if "trainer" in raw else raw["model"])["name"] = asked.group(1)
+        loaded = read_params(raw)
+    assert model_def(loaded.params).num_params > 0
+    init = raw["trainer"]["init"] if "trainer" in raw else {}
+    if "mixed_precision" in init.get("model", {}) and "enabled" in init.get("precision", {}):  # 2.3, 2.4
+        notes = " ".join(u.note for u in loaded.report)
+        assert notes.count("also written as trainer.init.precision.enabled") == 1
