@@ -120,10 +120,10 @@ def read_params(
         raw = copy.deepcopy(dict(params))
     source = source or "params"
     written = copy.deepcopy(raw)
-    origin, reported, problems = Origin(), [], []
+    origin, reported, problems, also = Origin(), [], [], {}
     if "trainer" in raw:
         t = from_trainer(raw)
-        raw, origin, reported, problems = t.legacy, t.origin, t.uses, t.problems
+        raw, origin, reported, problems, also = t.legacy, t.origin, t.uses, t.problems, t.also
     overrides = dict(overrides or {})
     if overrides:
         rc = raw.get("runconfig")
@@ -152,7 +152,7 @@ def read_params(
     problems += cross_check(parsed)
     if problems:
         raise ParamsError(relocate(problems, origin), source)
-    return Loaded(parsed, key_report(raw, origin, reported, written, overrides), origin)
+    return Loaded(parsed, key_report(raw, origin, reported, written, overrides, also), origin)
 
 
 def _mixed_precision(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:
