@@ -25,7 +25,7 @@ from weightstream.params.errors import Problem
 from weightstream.params.layout import KeyUse, Origin, join
 from weightstream.params.trainer_callbacks import callbacks, loggers
 
-__all__ = ["PLAIN", "Translation", "from_trainer"]
+__all__ = ["HOMES", "PLAIN", "Translation", "from_trainer"]
 
 # trainer section -> {key: legacy path}; a value of None is a whole legacy section
 PLAIN: dict[str, dict[str, str]] = {
@@ -88,6 +88,26 @@ PLAIN: dict[str, dict[str, str]] = {
         "disable_version_check": "runconfig.disable_version_check",
     },
 }
+# the trainer keys outside PLAIN's tables -> where each lands (the page of params keys shows these)
+HOMES: dict[str, str] = {
+    "trainer.init.model": "model (the whole section, its keys as in the legacy layout)",
+    "trainer.init.sparsity": "sparsity (the whole section)",
+    "trainer.init.model_dir": "runconfig.model_dir",
+    "trainer.init.seed": "runconfig.seed",
+    "trainer.init.optimizer": "optimizer: {Name: {settings}}, Name as optimizer_type; lr is a constant "
+    "learning_rate unless schedulers are given",
+    "trainer.init.schedulers": "optimizer.learning_rate: one scheduler, or a SequentialLR of pieces "
+    "(milestones: the running sums of the pieces' total_iters)",
+    "trainer.init.callbacks": "each {Name: {settings}} used, reported as not applicable, or refused",
+    "trainer.init.loggers": "each {Name: {settings}} reported as not applicable (an unknown name is an "
+    "error)",
+    "trainer.init.weightstream": "runconfig: weightstream's own keys, which ModelZoo has no place for",
+    "trainer.fit.train_dataloader": "train_input (the whole section)",
+    "trainer.fit.val_dataloader": "eval_input (the whole section; a list of one is taken)",
+    "trainer.fit.ckpt_path": "runconfig.checkpoint_path",
+    "trainer.validate": "reported as not applicable: weightstream evaluates during training",
+    "trainer.validate_all": "reported as not applicable: weightstream evaluates during training",
+}
 _INIT_KEYS = (
     "backend",
     "model_dir",
@@ -112,20 +132,21 @@ class Translation:
     origin: Origin = field(default_factory=Origin)
     uses: list[KeyUse] = field(default_factory=list)  # keys with no legacy home, reported here
     problems: list[Problem] = field(default_factory=list)
+    # legacy path -> the other keys that gave it the same value (the key report names them at the first)
+    also: dict[str, list[str]] = field(default_factory=dict)
     optimizer_lr: tuple[Any, str] | None = None  # the optimizer's own rate and where it was written
 
     def put(self, legacy_path: str, value: Any, written: str) -> None:
         """Set ``legacy_path`` (``section.key``) to ``value``, remembering where the user wrote it."""
         section, _, key = legacy_path.partition(".")
         target = self.legacy.setdefault(section, {})
-        if key:
-            if key in target:
-                self.problems.append(
-                    Problem(written, f"sets {legacy_path} a second time (also {self.origin(legacy_path)})")
-                )
-            target[key] = value
-        else:
+        if not key:
             self.legacy[section] = value
+        elif key in target:
+            self._again(legacy_path, target[key], value, written)
+            return
+        else:
+            target[key] = value
         self.origin.add(legacy_path, written)
 
     def section(self, legacy_section: str, value: Any, written: str) -> None:
@@ -133,8 +154,30 @@ class Translation:
         if not isinstance(value, dict):
             self.problems.append(Problem(written, "must be a mapping", value))
             return
-        self.legacy.setdefault(legacy_section, {}).update(value)
+        target = self.legacy.setdefault(legacy_section, {})
+        for key, v in value.items():
+            if key in target:
+                self._again(join(legacy_section, key), target[key], v, join(written, key))
+            else:
+                target[key] = v
         self.origin.add(legacy_section, written)
+
+    def _again(self, legacy_path: str, first: Any, value: Any, written: str) -> None:
+        """A second key for one setting (ModelZoo 2.3 and 2.4 write the precision in ``model`` and in
+        ``trainer.init.precision``): the same value is one setting, kept where first written and reported
+        there; different values are refused, naming both keys and both values."""
+        first_at = self.origin(legacy_path)
+        if _same(first, value):
+            self.also.setdefault(legacy_path, []).append(written)
+        else:
+            self.problems.append(
+                Problem(
+                    written,
+                    f"is the same setting as {first_at}, which is {first!r}: give one value, "
+                    "or the same value in both",
+                    value,
+                )
+            )
 
     def report(self, written: str, value: Any, note: str) -> None:
         self.uses.append(KeyUse(written, value, "not applicable", note))
@@ -164,6 +207,11 @@ class Translation:
             return str(name), {} if settings is None else settings
         self.problems.append(Problem(at, f"must be one {what} as {{Name: {{settings}}}}", value))
         return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values that mean one thing: ``true`` and ``1`` do not (a switch and a number)."""
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)
 
 
 def from_trainer(raw: dict[str, Any]) -> Translation:
