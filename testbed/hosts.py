@@ -7,7 +7,8 @@ of its own, so the machine's own networking is never touched; hosts get no defau
 from 198.18.0.0/15, the range set aside for network benchmarks, and stay inside namespaces made here.
 
 Every namespace is held by a process that dies with the Python process that made it (PR_SET_PDEATHSIG), so
-even a crashed run leaves nothing behind; ``close`` ends them all and waits until they are gone.
+even a crashed run leaves no host, link or process behind (only its directory, $TMPDIR/wsh<hex>-*, when it
+was SIGKILLed); ``close`` ends them all, waits until they are gone and removes the directory.
 
     with EmulatedHosts(4, rate="1gbit") as cluster:
         cluster["h2"].run(["hostname"])      # runs inside h2
