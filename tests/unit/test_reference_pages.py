@@ -29,7 +29,7 @@ from weightstream.params.modelzoo import UNSUPPORTED  # noqa: E402
 from weightstream.params.not_applicable import NOT_APPLICABLE  # noqa: E402
 from weightstream.params.optimizer_schema import SCHEDULERS  # noqa: E402
 from weightstream.params.schema import Params  # noqa: E402
-from weightstream.params.trainer_layout import _INIT_KEYS, HOMES, PLAIN  # noqa: E402
+from weightstream.params.trainer_keys import HOMES, INIT_KEYS, PLAIN  # noqa: E402
 
 
 def _sections(page: str, level: str = "## ") -> dict[str, str]:
@@ -183,7 +183,7 @@ def test_params_page_lists_the_trainer_layout() -> None:
     assert keys == plain | set(HOMES)
     # every trainer.init key the translation knows is on the page, under its own or PLAIN's table
     placed = {k.removeprefix("trainer.init.") for k in HOMES if k.startswith("trainer.init.")}
-    assert set(_INIT_KEYS) == placed | (set(PLAIN) - {"cluster_config"})
+    assert set(INIT_KEYS) == placed | (set(PLAIN) - {"cluster_config"})
 
 
 def test_params_page_lists_every_known_modelzoo_key() -> None:

@@ -15,7 +15,7 @@ from weightstream.params.load import READ_FIRST
 from weightstream.params.modelzoo import UNSUPPORTED
 from weightstream.params.not_applicable import NOT_APPLICABLE, Rule
 from weightstream.params.optimizer_schema import SCHEDULER_KEYS
-from weightstream.params.trainer_layout import HOMES, PLAIN
+from weightstream.params.trainer_keys import HOMES, PLAIN
 
 __all__ = [
     "initializer_table",
