@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 import yaml
+from machine import record  # bench/machine.py: the machine, date, command and commit
 from text_corpus import text_corpus  # bench/text_corpus.py
 
 from weightstream.params import load_params
@@ -242,7 +243,7 @@ def main() -> None:
         "checkpoint_bytes": disk_use(model_dir / f"checkpoint_{a.steps}"),
         "wall_s": round(wall, 1),
     }
-    print(json.dumps(result))
+    print(json.dumps(record("beyond_ram", result)))
     if not a.keep:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import record  # bench/machine.py: the machine, date, command and commit
 from safetensors.numpy import load_file
 
 from weightstream.backends.base import RoleSpec
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rpc_timeout_s": a.rpc_timeout,
             **summarize(base, faulty),
         }
-    print(json.dumps(result), flush=True)
+    print(json.dumps(record("chaos", result)), flush=True)
     return result
 
 

@@ -13,8 +13,6 @@ import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kern
 # isort: split
 import argparse
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 
@@ -24,6 +22,8 @@ try:  # before weightstream computes anything: see below
     import torch
 except ImportError:  # the numpy side still runs: pip install torch==2.13.0 for the comparison
     torch = None
+
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.numerics import GPT2Config, build_gpt2, init_params
 from weightstream.numerics._blocked import THREADS, matmul
@@ -165,7 +165,7 @@ def main() -> None:
     result = {
         "bench": "kernels",
         "config": vars(a),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
+        "machine": {"numpy": np.__version__},  # beside record()'s CPU, cores, RAM and Python
         "numpy_threads": THREADS,
         "gemm_engine": engine(),  # what computes the workers' products (numerics/_gemm.py)
         "workers_matmul_peak_gflops": round(peak, 1),  # the fractions below are of this one
@@ -186,7 +186,7 @@ def main() -> None:
         result["block_time_ratio_numpy_over_torch"] = round(units["block"]["fwd_bwd_s"] / ts, 3)
     else:
         result["torch_block_fwd_bwd_s"] = None  # torch not installed: pip install torch==2.13.0
-    print(json.dumps(result))
+    print(json.dumps(record("kernels", result)))
 
 
 if __name__ == "__main__":

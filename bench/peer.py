@@ -31,7 +31,6 @@ import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kern
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 import yaml
+from machine import record  # bench/machine.py: the machine, date, command and commit
 from text_corpus import text_corpus  # bench/text_corpus.py
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -350,8 +350,6 @@ def main() -> None:
     if not a.skip_ddp and a.batch % DDP_RANKS:
         ap.error(f"--batch must be divisible by {DDP_RANKS} for DDP and num_csx 2 (or pass --skip-ddp)")
     machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
         "gemm_engine": engine(),  # the workers' products (numerics/_gemm.py); torch was imported first
@@ -384,7 +382,7 @@ def main() -> None:
             runs[key], losses[key] = appliance_summary(rows, tokens), [r["loss"] for r in rows]
             log(f"weightstream num_csx {n} done in {time.monotonic() - t0:.0f} s")
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(result(a, raw, runs, losses, machine, text_bytes)))
+    print(json.dumps(record("peer", result(a, raw, runs, losses, machine, text_bytes))))
 
 
 if __name__ == "__main__":

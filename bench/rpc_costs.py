@@ -1,9 +1,9 @@
 """What a unit's control message costs on the role plane: one call per unit against one stream per pass.
 
 On the shared-memory plane a unit crosses each hop as one small message (a header naming memfds), so
-what a hop costs is gRPC's and Python's work around that message, not bytes. Issue 12's accounting
-named "one stream per pass on each hop instead of one call per unit" as the lever left; this bench prices
-it before anyone builds it. Both ends are the role plane as roles run it: ``create_server`` with the
+what a hop costs is gRPC's and Python's work around that message, not bytes. One stream per pass on each
+hop instead of one call per unit is the lever left on that cost; this bench prices it before anyone builds
+it. Both ends are the role plane as roles run it: ``create_server`` with the
 role credential's interceptor in a process of its own, ``open_channel`` (the token and generation on
 every call, unary-stream calls read on the calling thread), over TCP loopback and over a Unix socket.
 
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.transport.auth import RoleAuthInterceptor, new_role_token
 from weightstream.transport.rpc import create_server, open_channel
@@ -181,7 +182,7 @@ def main() -> None:
         "ratio_stream_over_call": round(tcp_stream / tcp_call, 3),
         "ratio_unix_over_tcp_call": round(both("unix_socket", "call_per_unit") / tcp_call, 3),
     }
-    print(json.dumps(result))
+    print(json.dumps(record("rpc_costs", result)))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ N = 1 alone, predict N = 1 ... 192, and price a Cerebras-like cluster.
    only to compare with the predictions, never used by them.
 5. The Cerebras-like preset (its assumed figures are printed) on a GPT-3 XL-sized GPT-2 (hidden 2048, 24
    layers, vocab 50257, sequence 2048, bfloat16 on the wire, 32 samples per worker), as SwarmX relays now
-   (cut through: each message passed on as it arrives) and as it did before (store and forward).
+   (cut through: each message passed on as it arrives) and taking whole units first (store and forward).
 
 Prints one JSON line: {"measured": {"1": s, "2": s, "4": s}, "predicted": {"1": s, ..., "192": s},
 "error": {"1": ..}, "efficiency_16": x, "cluster": {...}, "cerebras_like": {...}, ...}. Step times are
@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.backends.environment import role_env
 from weightstream.backends.local import LocalProcessBackend
@@ -300,7 +302,7 @@ def cerebras_table(a: argparse.Namespace) -> dict[str, Any]:
     workload = build_workload(load_params(raw), NS, cluster.swarmx_fanout, cluster.memoryx_shards)
     preds = predict(cluster, workload, NS)
     br = breaks_at(preds)
-    # the same cluster if SwarmX took whole units before passing them on (as it did before issue 12)
+    # the same cluster if SwarmX took whole units before passing them on (store and forward)
     whole = predict(replace(cluster, relay="store_and_forward"), workload, NS)
     whole_br = breaks_at(whole)
     return {
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cluster": {k: v for k, v in cluster.to_dict().items() if k not in ("unit_seconds",)},
         "cerebras_like": cerebras_table(a),
     }
-    print(json.dumps(result), flush=True)
+    print(json.dumps(record("scaling", result)), flush=True)
     return result
 
 

@@ -18,12 +18,11 @@ import weightstream  # noqa: F401  (before numpy: it picks numpy's OpenBLAS kern
 # isort: split
 import argparse
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 
 import numpy as np
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.numerics._blocked import THREADS, matmul
 from weightstream.numerics.sparse import SparseWeight, sampled_matmul, sparse_matmul, use_sparse_kernels
@@ -107,12 +106,12 @@ def main() -> None:
     result = {
         "bench": "sparse_kernels",
         "config": vars(a),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
+        "machine": {"numpy": np.__version__},  # beside record()'s CPU, cores, RAM and Python
         "numpy_threads": THREADS,
         "first_call_s": compile_s,
         "results": rows,
     }
-    print(json.dumps(result))
+    print(json.dumps(record("sparse_kernels", result)))
 
 
 if __name__ == "__main__":

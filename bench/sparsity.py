@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 
 def params_dict(a: argparse.Namespace, sparsity: float) -> dict[str, Any]:
@@ -151,7 +152,7 @@ def main() -> None:
         "steps": a.steps,
         "by_sparsity": ratios(results),
     }
-    print(json.dumps(doc))
+    print(json.dumps(record("sparsity", doc)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import grpc
 import numpy as np
 import yaml
+from machine import record  # bench/machine.py: the machine, date, command and commit
 
 from weightstream.backends.base import RoleSpec
 from weightstream.backends.local import LocalProcessBackend
@@ -279,41 +280,45 @@ def main() -> None:
         raw_gbps = raw_grpc_gbps(bw["unit_bytes"] // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
     print(
         json.dumps(
-            {
-                "bench": "streaming",
-                "config": vars(a),
-                "gemm_engine": engine(),  # the products' engine, the same on both sides (numerics/_gemm.py)
-                "reference_step_s": round(ref, 4),  # medians over the runs
-                "appliance_step_s_num_csx_1": round(one, 4),
-                "streaming_overhead_ratio": round(ratio, 3),
-                # appliance / mean of the reference runs before and after it, in order
-                "streaming_overhead_pairs": [round(x, 3) for x in pairs],
-                # where the pairs put the overhead's median: how far one run's ratio can be trusted
-                "streaming_overhead_interval": interval_field(pairs),
-                # every run's median step time, in order: how far the machine moved during the bench
-                "reference_runs_step_s": [round(x, 4) for x in refs],
-                "appliance_runs_step_s": [round(x, 4) for x in ones],
-                "appliance_runs_worker_compute_s": [round(r.worker_compute_s, 4) for r in runs],
-                "appliance_runs_worker_wait_s": [round(r.worker_wait_s, 4) for r in runs],
-                "tokens_per_second": {
-                    "reference": round(raw["train_input"]["batch_size"] * a.seq / ref),
-                    "num_csx_1": round(raw["train_input"]["batch_size"] * a.seq / one),
-                    "num_csx_2": round(tps2),
+            record(
+                "streaming",
+                {
+                    "config": vars(a),
+                    "gemm_engine": engine(),  # the products' engine, both sides' (numerics/_gemm.py)
+                    "reference_step_s": round(ref, 4),  # medians over the runs
+                    "appliance_step_s_num_csx_1": round(one, 4),
+                    "streaming_overhead_ratio": round(ratio, 3),
+                    # appliance / mean of the reference runs before and after it, in order
+                    "streaming_overhead_pairs": [round(x, 3) for x in pairs],
+                    # where the pairs put the overhead's median: how far one run's ratio can be trusted
+                    "streaming_overhead_interval": interval_field(pairs),
+                    # every run's median step time, in order: how far the machine moved during the bench
+                    "reference_runs_step_s": [round(x, 4) for x in refs],
+                    "appliance_runs_step_s": [round(x, 4) for x in ones],
+                    "appliance_runs_worker_compute_s": [round(r.worker_compute_s, 4) for r in runs],
+                    "appliance_runs_worker_wait_s": [round(r.worker_wait_s, 4) for r in runs],
+                    "tokens_per_second": {
+                        "reference": round(raw["train_input"]["batch_size"] * a.seq / ref),
+                        "num_csx_1": round(raw["train_input"]["batch_size"] * a.seq / one),
+                        "num_csx_2": round(tps2),
+                    },
+                    # co-located roles (what `weightstream run` uses here): the shared-memory plane; the
+                    # *_grpc figures: the byte stream roles on different hosts use
+                    "bandwidth_gbps": {
+                        "raw_grpc_loopback": round(raw_gbps, 3),
+                        "memoryx": round(bw["memoryx_gbps"], 3),
+                        "memoryx_via_swarmx": round(bw["memoryx_swarmx_gbps"], 3),
+                        "memoryx_grpc": round(bw_grpc["memoryx_gbps"], 3),
+                        "memoryx_via_swarmx_grpc": round(bw_grpc["memoryx_swarmx_gbps"], 3),
+                    },
+                    "bandwidth_ratio_memoryx_over_raw": round(bw["memoryx_gbps"] / raw_gbps, 3),
+                    "bandwidth_ratio_swarmx_over_raw": round(bw["memoryx_swarmx_gbps"] / raw_gbps, 3),
+                    "bandwidth_ratio_memoryx_grpc_over_raw": round(bw_grpc["memoryx_gbps"] / raw_gbps, 3),
+                    "bandwidth_ratio_swarmx_grpc_over_raw": round(
+                        bw_grpc["memoryx_swarmx_gbps"] / raw_gbps, 3
+                    ),
                 },
-                # co-located roles (what `weightstream run` uses here): the shared-memory plane; the
-                # *_grpc figures: the byte stream roles on different hosts use
-                "bandwidth_gbps": {
-                    "raw_grpc_loopback": round(raw_gbps, 3),
-                    "memoryx": round(bw["memoryx_gbps"], 3),
-                    "memoryx_via_swarmx": round(bw["memoryx_swarmx_gbps"], 3),
-                    "memoryx_grpc": round(bw_grpc["memoryx_gbps"], 3),
-                    "memoryx_via_swarmx_grpc": round(bw_grpc["memoryx_swarmx_gbps"], 3),
-                },
-                "bandwidth_ratio_memoryx_over_raw": round(bw["memoryx_gbps"] / raw_gbps, 3),
-                "bandwidth_ratio_swarmx_over_raw": round(bw["memoryx_swarmx_gbps"] / raw_gbps, 3),
-                "bandwidth_ratio_memoryx_grpc_over_raw": round(bw_grpc["memoryx_gbps"] / raw_gbps, 3),
-                "bandwidth_ratio_swarmx_grpc_over_raw": round(bw_grpc["memoryx_swarmx_gbps"] / raw_gbps, 3),
-            }
+            )
         )
     )
 

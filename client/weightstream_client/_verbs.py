@@ -232,10 +232,15 @@ def config_view(url: Url = None) -> None:
 
 
 def dashboard(
+    job_id: Annotated[
+        str | None,
+        typer.Argument(help="a job id: the URL opens the dashboard on that job", show_default=False),
+    ] = None,
     open_: Annotated[bool, typer.Option("--open", help="open it in a web browser too")] = False,
     url: Url = None,
 ) -> None:
-    """Print the service's dashboard URL, with the API token.
+    """Print the service's dashboard URL, with the API token; with JOB_ID, the job's own page
+    (``/jobs/<id>``, the URL to share: without the fragment it holds no token).
 
     The token is in the URL's fragment (#token=...): a browser never sends a fragment to the server, so
     the token stays out of its logs and of proxies'."""
@@ -243,7 +248,8 @@ def dashboard(
     if not s.token:
         err.print("[red]error:[/red] no API token: set WEIGHTSTREAM_TOKEN", highlight=False)
         raise typer.Exit(2)
-    link = f"{s.url}/#token={quote(s.token, safe='')}"
+    page = f"/jobs/{quote(job_id, safe='')}" if job_id else "/"
+    link = f"{s.url}{page}#token={quote(s.token, safe='')}"
     print(link)
     if open_ and not webbrowser.open(link):
         err.print(f"no web browser found here: open {escape(s.url)}/ yourself", highlight=False)

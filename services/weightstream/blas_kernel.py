@@ -5,7 +5,7 @@ otherwise; once loaded, nothing changes them. On an AMD Zen 4 (family 25 with AV
 SkylakeX kernels, written for Intel's full-width AVX-512 units, where Zen 4 runs each 512-bit operation
 as two 256-bit halves. Its AVX2 kernels (``Haswell``) are faster there: the workers' sgemm shapes at 107-110
 GFLOP/s a core against 101-106, two processes at once 106-108 against 97-103, and a GPT-2 d768 block's
-forward and backward 0.470 s against 0.496 (session 16, on the development machine's EPYC). So a process
+forward and backward 0.470 s against 0.496 (on a 2-core AMD EPYC, Zen 4). So a process
 that imports ``weightstream`` before numpy asks for them there, and nowhere else: Intel CPUs compute with
 MKL (numerics/_gemm.py), other CPUs keep OpenBLAS's own choice, and Zen 5's full-width AVX-512 was not
 measured.

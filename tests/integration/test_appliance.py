@@ -80,6 +80,18 @@ def test_run_is_idempotent_once_done(tmp_path: Path) -> None:
     assert r.returncode == 0 and "nothing to do" in r.stdout
 
 
+def test_run_log_holds_steps_and_checkpoints_not_routine_recovery_snapshots(tmp_path: Path) -> None:
+    """run.log (and the dashboard's log pane, which shows it) is for the user: every step, evaluation
+    and checkpoint, but not the recovery snapshots taken every few steps (here after steps 2 and 4)."""
+    params = write_params(tmp_path, max_steps=6, recovery_snapshot_steps=2, checkpoint_steps=3)
+    r = run(params, tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "m" / "run.log").read_text()
+    assert [int(s) for s in re.findall(r" INFO step (\d+) loss ", text)] == [1, 2, 3, 4, 5, 6], text
+    assert "INFO step 6 eval_loss" in text and text.count("INFO checkpoint ") == 2, text
+    assert "snapshot" not in text and ".recovery_" not in text, text
+
+
 def test_checkpoint_loads_into_transformers_with_the_same_loss(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="pip install -e .[test]")
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")

@@ -26,7 +26,7 @@ def _rows(model_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, lines) if "loss" in r}
 
 
-@pytest.mark.slow  # ~11 s (session 20): the default suite read 9:48 in CI; the unit tests stay
+@pytest.mark.slow  # ~11 s: kept out of the default suite's time; the unit tests stay in it
 def test_one_and_two_workers_with_recompute_follow_the_reference(tmp_path: Path) -> None:
     p = write_params(tmp_path, max_steps=STEPS, worker_memory_mb=1)  # 1 MiB: micro-batches and recompute
     raw = yaml.safe_load(p.read_text())

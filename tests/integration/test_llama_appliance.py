@@ -116,7 +116,7 @@ def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -
     trainer = ReferenceTrainer(load_params(params_path))
     assert trainer.eval_data is not None
     hf = transformers_loss(ckpt, [trainer.eval_data.global_batch(b) for b in range(4)])
-    assert_allclose(hf, evals[120], rtol=0.05)  # the bar; in fact ~1e-6
+    assert_allclose(hf, evals[120], rtol=0.05)  # the bar for agreeing with Hugging Face; in fact ~1e-6
     assert_allclose(hf, evals[120], rtol=1e-4)
 
 

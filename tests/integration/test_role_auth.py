@@ -157,7 +157,7 @@ def test_roles_refuse_calls_without_the_credential_while_a_job_trains(
     assert losses(tmp_path / "probed") == losses(tmp_path / "clean")
 
 
-@pytest.mark.slow  # ~9.5 s (session 20): the default suite read 9:48 in CI; the credential test stays in it
+@pytest.mark.slow  # ~9.5 s: kept out of the default suite's time; the credential test stays in it
 def test_roles_survive_random_bytes_with_a_valid_credential(tmp_path: Path) -> None:
     train(tmp_path, "clean", 4, lambda r, e: None)
     answers: dict[str, grpc.StatusCode] = {}

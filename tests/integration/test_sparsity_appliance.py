@@ -93,7 +93,7 @@ def _expected_wire_bytes(model: ModelDef, masks: dict[str, np.ndarray], num_csx:
     return num_csx * (forward + backward + sum(grad(n) for u in units for n in u.param_names))
 
 
-@pytest.mark.slow  # ~11 s (session 20): the default suite read 9:48 in CI; other sparse runs stay in it
+@pytest.mark.slow  # ~11 s: kept out of the default suite's time; other sparse runs stay in it
 def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_transformers(
     tmp_path: Path,
 ) -> None:

@@ -56,7 +56,7 @@ def test_disk_use_counts_allocated_blocks_not_sizes(bench: ModuleType, tmp_path:
     assert 1_000_000 <= bench.disk_use(tmp_path) < 1_200_000
 
 
-def test_the_default_model_is_the_issues_and_exceeds_this_machines_ram(
+def test_the_default_model_has_2_45b_parameters_and_exceeds_this_machines_ram(
     bench: ModuleType, tmp_path: Path
 ) -> None:
     a = argparse.Namespace(

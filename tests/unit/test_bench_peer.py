@@ -37,7 +37,7 @@ def test_the_json_line_has_every_figure_and_ratios_are_their_quotients(with_ddp:
     out = with_ddp
     assert out["bench"] == "peer"
     assert out["config"]["hidden"] == 64 and out["config"]["steps"] == 3 and out["config"]["parameters"] > 0
-    assert {"cpus", "torch", "numpy"} <= out["machine"].keys()
+    assert {"cpu", "cores", "ram_gib", "torch", "numpy"} <= out["machine"].keys()
     tps = out["tokens_per_second"]
     assert set(tps) == set(FIGURES)
     assert all(math.isfinite(tps[k]) and tps[k] > 0 for k in FIGURES), tps

@@ -16,6 +16,7 @@ from tests.bench_module import load_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 CONFIG = {"hidden": 512, "layers": 4, "seq": 256, "batch": 8, "vocab": 8192, "steps": 10, "pairs": 3}
+EPYC = {"cpu": "AMD EPYC", "cores": 2, "ram_gib": 23.5}
 
 
 def _run(ratios: list[float], **config: Any) -> dict[str, Any]:
@@ -40,9 +41,16 @@ def _pool(tmp_path: Path, *files: list[dict[str, Any]]) -> subprocess.CompletedP
 def test_the_pairs_of_several_runs_pool_as_one_run_of_them_all(tmp_path: Path) -> None:
     a, b, c = [1.01, 1.06, 0.99], [1.04, 1.02, 1.08], [1.03, 1.05, 1.00]
     # two files; how many steps or repeats a run took may differ
-    proc = _pool(tmp_path, [_run(a), _run(b)], [_run(c, steps=6, pairs=3, repeats=1)])
+    dated = [
+        {**_run(x), "date": d, "machine": {**EPYC, "python": "3.11.7"}}
+        for x, d in ((a, "2026-11-26"), (b, "2026-11-27"))
+    ]
+    proc = _pool(tmp_path, dated, [{**_run(c, steps=6, pairs=3, repeats=1), "machine": EPYC}])
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    # a record of its own (bench/results/README.md): the runs' machine, the newest run's date, the command
+    assert out["source"] == "pooled" and out["machine"] == EPYC and out["date"] == "2026-11-27"
+    assert out["command"] == f"python bench/pool.py {tmp_path / 'runs0.jsonl'} {tmp_path / 'runs1.jsonl'}"
     pooled = sorted(a + b + c)  # 9 pairs: the 2nd smallest and 2nd largest bound the median (1 - 2*10/512)
     assert out["runs"] == 3 and out["pairs"] == 9
     assert out["run_ratios"] == [1.01, 1.04, 1.03]
@@ -56,6 +64,10 @@ def test_the_pairs_of_several_runs_pool_as_one_run_of_them_all(tmp_path: Path) -
     ("lines", "message"),
     [
         ([_run([1.0, 1.1]), _run([1.0, 1.1], hidden=768)], "runs of different configs"),
+        (
+            [{**_run([1.0]), "machine": EPYC}, {**_run([1.0]), "machine": {**EPYC, "cpu": "Intel Xeon"}}],
+            "runs of different machines",
+        ),
         ([{"bench": "kernels"}], "not a line of bench/streaming.py"),
         ([{**_run([1.0]), "streaming_overhead_pairs": []}], "has no streaming_overhead_pairs"),
     ],

@@ -4,6 +4,7 @@ and its one JSON line carries per-unit costs whose ratios are their quotients.""
 from __future__ import annotations
 
 import math
+import re
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -67,6 +68,10 @@ def test_json_line_has_both_transports_and_ratios_are_quotients(tmp_path: Path) 
         "rpc_costs", ["--units", "22", "--pass-units", "11", "--rounds", "1"], tmp_path, timeout=120
     )
     assert out["bench"] == "rpc_costs" and out["config"]["pass_units"] == 11
+    # the record's header (bench/machine.py): where, when, how and on which code it ran
+    assert out["command"] == "python bench/rpc_costs.py --units 22 --pass-units 11 --rounds 1"
+    assert {"cpu", "cores", "ram_gib"} <= out["machine"].keys() and out["source"] == "run"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", out["date"]) and re.match(r"[0-9a-f]{40}", out["commit"])
     costs = out["cpu_us_per_unit"]
     for transport in ("tcp_loopback", "unix_socket"):
         for kind in ("call_per_unit", "stream_per_pass"):

@@ -1,5 +1,6 @@
-"""bench/streaming.py end to end in a tiny config: its one JSON line, the keys issue 12 names, and the
-overhead ratio as the median of pairs, each appliance run against the reference runs either side of it."""
+"""bench/streaming.py end to end in a tiny config: its one JSON line, the figures the performance targets
+read, and the overhead ratio as the median of pairs, each appliance run against the reference runs either
+side of it."""
 
 from __future__ import annotations
 

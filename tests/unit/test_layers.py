@@ -17,7 +17,7 @@ from tests import torch_reference as ref  # noqa: E402
 
 F = torch.nn.functional
 
-# (dtype, rtol, atol): float64 at the tolerance the issue fixes, float32 looser for rounding.
+# (dtype, rtol, atol): float64 at the layers' promised tolerance, float32 looser for rounding.
 TOLERANCES = [(np.float64, 1e-5, 1e-6), (np.float32, 2e-4, 2e-5)]
 TORCH_DTYPE = {np.float64: torch.float64, np.float32: torch.float32}
 

@@ -109,3 +109,51 @@ def test_create_app_only_assembles() -> None:
     tree = ast.parse((ROOT / "services" / "weightstream" / "jobs" / "api" / "app.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_app")
     assert fn.end_lineno is not None and fn.end_lineno - fn.lineno < 60
+
+
+# A work diary in the product ("as of session N", "issue N's target") names nothing a reader can look up:
+# code, tests and docs say what is and why; the history is git's. Built from parts so that this file, which
+# the check reads too, does not match it.
+DIARY = re.compile(r"\bsession" + r"s? [0-9]|\bissue" + r"s? #?[0-9]+", re.IGNORECASE)
+DIARY_FREE = ("services", "client", "bench", "tests", "testbed", "scripts", "docs", "README.md")
+
+
+def diary_lines(paths: list[Path]) -> list[str]:
+    """``path:line: text`` of each line under ``paths`` (files, or folders searched whole) that ``DIARY``
+    matches; binary files and caches are skipped."""
+    found = []
+    for top in paths:
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            data = path.read_bytes()
+            if b"\0" in data:
+                continue
+            for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+                if DIARY.search(line):
+                    where = path.relative_to(ROOT) if ROOT in path.parents else path
+                    found.append(f"{where}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_the_pattern_finds_a_diary_and_spares_sessions_that_are_not_one(tmp_path: Path) -> None:
+    note = tmp_path / "note.md"
+    # the diary's words and numbers apart, so that this file does not match
+    note.write_text(f"the session {2} streams\nthe requests.Session of the client\nfixed in Issue #{7}\n")
+    assert [line.rsplit(":", 2)[-2] for line in diary_lines([note])] == ["1", "3"]
+    assert DIARY.search("sessions " + "21-23") and DIARY.search("issue " + "12's target")
+    assert not DIARY.search("a session of its own (setsid)") and not DIARY.search("the issues listed")
+
+
+def test_no_work_diary_in_code_tests_or_docs() -> None:
+    # the project's own files (tracked, or new and not ignored): build outputs such as the egg-info's copy
+    # of an older README are not the product's text
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *DIARY_FREE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    found = diary_lines([ROOT / name for name in listed if (ROOT / name).is_file()])
+    assert not found, "say what the code does and why, not when it was done:\n" + "\n".join(found)

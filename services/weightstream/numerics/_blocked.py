@@ -53,8 +53,8 @@ _MIN_PARALLEL_ELEMS = 1 << 18  # below this, thread hand-off costs more than it 
 # Parts of one matrix product, along its longer output side. Fixed (not THREADS) so that the partition,
 # hence every bit of the result, never depends on the thread count. Four parts cost ~4% more than two
 # on the Xeon, 1.4% on the AMD EPYC (each part packs the shared operand again), and did not pay there even
-# with the other roles preempting our threads, which more parts would let the other thread cover (README,
-# session 22): raise it only on machines with more cores.
+# with the other roles preempting our threads, which more parts would let the other thread cover: raise it
+# only on machines with more cores.
 _GEMM_PARTS = 2
 _MIN_GEMM_PART = 128  # rows or columns; below that the product is too small to split
 

@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 from weightstream.params.optimizer_schema import SCHEDULERS, canonical_scheduler
-from weightstream.params.trainer_layout import PLAIN
+from weightstream.params.trainer_keys import PLAIN
 
 __all__ = ["to_trainer"]
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal, cast
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from weightstream.numerics.init import Initializer, InitKind
 from weightstream.params.section import Section
 
-__all__ = ["INITIALIZER_NAMES", "InitializerParams", "to_numerics"]
+__all__ = ["INITIALIZER_NAMES", "InitializerParams", "kind_parameters", "to_numerics"]
 
 _REQUIRED = object()  # a parameter without a default (constant's val)
 _GAIN = {"gain": 1.0}
@@ -58,6 +58,20 @@ _REFUSED = {
 }
 
 
+def kind_parameters() -> dict[str, dict[str, str]]:
+    """{kind: {parameter: its default as text}} of every initializer a spec may name, as validation fills
+    them in ("required": the spec must give it)."""
+
+    def shown(name: str, key: str, v: Any) -> str:
+        if v is _REQUIRED:
+            return "required"
+        if v is None and name == "truncated_normal":
+            return f"{'-' if key == 'a' else ''}2 std"
+        return str(v)
+
+    return {name: {k: shown(name, k, v) for k, v in own.items()} for name, own in _KINDS.items()}
+
+
 def _hint(word: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(word, choices, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
@@ -66,17 +80,30 @@ def _hint(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class InitializerParams(Section):
     """One initializer spec, with every parameter of its kind filled in (the others stay None)."""
 
-    name: str  # one of _KINDS: ``_spec`` refuses any other, naming the nearest
-    mean: float | None = None
-    std: float | None = None
-    a: float | None = None  # uniform, truncated_normal: the lower bound; kaiming: the negative slope
-    b: float | None = None  # the upper bound
-    val: float | None = None
-    gain: float | None = None
-    scale: float | None = None
-    mode: Literal["fan_in", "fan_out", "fan_avg"] | None = None
-    nonlinearity: Literal["leaky_relu", "relu"] | None = None
-    distribution: Literal["uniform", "normal", "truncated_normal"] | None = None
+    # one of _KINDS: ``_spec`` refuses any other, naming the nearest
+    name: str = Field(description="the kind (a spec may be this name alone: initializer: xavier_uniform)")
+    mean: float | None = Field(None, description="normal, truncated_normal: the mean")
+    std: float | None = Field(None, description="normal, truncated_normal: the standard deviation")
+    a: float | None = Field(
+        None,
+        description="uniform, truncated_normal: the lower bound (truncated_normal's default: -2 std); "
+        "kaiming: the negative slope",
+    )
+    b: float | None = Field(
+        None, description="uniform, truncated_normal: the upper bound (truncated_normal's default: 2 std)"
+    )
+    val: float | None = Field(None, description="constant: the value to fill with (required)")
+    gain: float | None = Field(None, description="xavier, glorot: the scaling factor")
+    scale: float | None = Field(None, description="variance_scaling, lecun: the variance's scale (> 0)")
+    mode: Literal["fan_in", "fan_out", "fan_avg"] | None = Field(
+        None, description="kaiming, variance_scaling, lecun: which fan the variance divides by"
+    )
+    nonlinearity: Literal["leaky_relu", "relu"] | None = Field(
+        None, description="kaiming: the nonlinearity its gain is for"
+    )
+    distribution: Literal["uniform", "normal", "truncated_normal"] | None = Field(
+        None, description="variance_scaling, lecun: the distribution drawn from"
+    )
 
     @model_validator(mode="before")
     @classmethod

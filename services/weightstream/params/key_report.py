@@ -8,6 +8,7 @@ ModelZoo file sees at once which keys train as they expect, which change nothing
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from weightstream.params.layout import KeyUse, Origin, leaves
@@ -38,10 +39,13 @@ def key_report(
     reported: list[KeyUse],
     written: Mapping[str, Any],
     overrides: Mapping[str, Any],
+    also: Mapping[str, list[str]] | None = None,
 ) -> list[KeyUse]:
     """One ``KeyUse`` per key: ``legacy`` is the validated file in the legacy layout with the
     not-applicable keys already taken out (they are in ``reported``), ``written`` the file as the user
-    wrote it (for the order of the lines), ``overrides`` the command line's runconfig keys."""
+    wrote it (for the order of the lines), ``overrides`` the command line's runconfig keys, ``also`` the
+    keys that repeated a setting with the same value (legacy path -> the repeats), named on the line of
+    the setting's first key."""
     uses = [KeyUse(origin(p), v, "used", _note(p, v)) for p, v in leaves(dict(legacy)) if p]
     for key, value in overrides.items():  # replaced where the file set them, shown once
         uses = [u for u in uses if u.path != origin(f"runconfig.{key}")]
@@ -57,4 +61,10 @@ def key_report(
             at = min((i for p, i in order.items() if p.startswith(u.path)), default=len(order))
         return at, u.path
 
-    return sorted([*uses, *reported], key=rank)
+    notes = {origin(c): f"also written as {', '.join(at)}, the same value" for c, at in (also or {}).items()}
+
+    def noted(u: KeyUse) -> KeyUse:
+        more = notes.get(u.path)
+        return replace(u, note=f"{u.note}; {more}" if u.note else more) if more else u
+
+    return sorted(map(noted, [*uses, *reported]), key=rank)

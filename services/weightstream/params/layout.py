@@ -62,9 +62,10 @@ def relocate(problems: list[Problem], origin: Origin) -> list[Problem]:
 
 
 _FILE_SUFFIXES = {"safetensors", "json", "bin", "h5", "yaml", "txt", "jsonl", "gz"}
-# a canonical key path inside a message: a legacy section, then .key or [i] parts
+# a canonical key path inside a message: a legacy section, then .key or [i] parts; not the tail of a
+# path already as written (trainer.init.model.name holds model.name)
 _KEY_PATH = re.compile(
-    r"\b(?:train_input|eval_input|model|optimizer|sparsity|runconfig)(?:\.[A-Za-z_]\w*|\[\d+\])+"
+    r"(?<![\w.])(?:train_input|eval_input|model|optimizer|sparsity|runconfig)(?:\.[A-Za-z_]\w*|\[\d+\])+"
 )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from weightstream.params.sparsity_schema import LEVEL_TAGS, LEVEL_TYPES, UpdateP
 from weightstream.params.trainer_layout import from_trainer
 
 __all__ = [
+    "READ_FIRST",
     "UNSUPPORTED",
     "Loaded",
     "dump_params",
@@ -119,10 +120,10 @@ def read_params(
         raw = copy.deepcopy(dict(params))
     source = source or "params"
     written = copy.deepcopy(raw)
-    origin, reported, problems = Origin(), [], []
+    origin, reported, problems, also = Origin(), [], [], {}
     if "trainer" in raw:
         t = from_trainer(raw)
-        raw, origin, reported, problems = t.legacy, t.origin, t.uses, t.problems
+        raw, origin, reported, problems, also = t.legacy, t.origin, t.uses, t.problems, t.also
     overrides = dict(overrides or {})
     if overrides:
         rc = raw.get("runconfig")
@@ -130,7 +131,8 @@ def read_params(
         for key in overrides:
             origin.add(f"runconfig.{key}", override_label.format(key))
 
-    problems += _mixed_precision(raw, origin, reported) + _load_states(raw, origin, reported)
+    for read_first in READ_FIRST.values():
+        problems += read_first(raw, origin, reported)
     problems += _not_applicable(raw, origin, reported) + _unsupported(raw)
     try:
         parsed = Params.model_validate(raw)
@@ -150,7 +152,7 @@ def read_params(
     problems += cross_check(parsed)
     if problems:
         raise ParamsError(relocate(problems, origin), source)
-    return Loaded(parsed, key_report(raw, origin, reported, written, overrides), origin)
+    return Loaded(parsed, key_report(raw, origin, reported, written, overrides, also), origin)
 
 
 def _mixed_precision(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:
@@ -192,6 +194,13 @@ def _load_states(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) ->
     note = "the weights load from checkpoint_path; optimizer state and step start fresh"
     reported.append(KeyUse(origin("runconfig.load_checkpoint_states"), value, "used", note))
     return []
+
+
+# keys read, and taken out of the file, before the models validate it (each function's docstring says how)
+READ_FIRST: dict[str, Callable[[dict[str, Any], Origin, list[KeyUse]], list[Problem]]] = {
+    "model.mixed_precision": _mixed_precision,
+    "runconfig.load_checkpoint_states": _load_states,
+}
 
 
 def _not_applicable(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:

@@ -28,29 +28,50 @@ __all__ = [
 class _LanguageModelParams(Section):
     """What every decoder-only language model shares: sizes, vocabulary, positions, initialisation."""
 
-    name: str
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_heads: PositiveInt
-    filter_size: PositiveInt | None = None  # the MLP's inner size
-    max_position_embeddings: PositiveInt
-    layer_norm_epsilon: PositiveFloat = 1e-5
-    initializer_range: PositiveFloat = 0.02
+    name: str = Field(description="the model family")
+    vocab_size: PositiveInt = Field(description="tokens in the vocabulary (ids 0 to vocab_size - 1)")
+    hidden_size: PositiveInt = Field(description="the width of the residual stream")
+    num_hidden_layers: PositiveInt = Field(description="transformer blocks")
+    num_heads: PositiveInt = Field(description="attention heads (hidden_size / num_heads each)")
+    filter_size: PositiveInt | None = Field(None, description="the MLP's inner size; null: 4 * hidden_size")
+    max_position_embeddings: PositiveInt = Field(description="the longest sequence the model takes")
+    layer_norm_epsilon: PositiveFloat = Field(1e-5, description="the epsilon of every normalisation")
+    initializer_range: PositiveFloat = Field(
+        0.02, description="the std of the default initialisation (a normal cut at 2 std)"
+    )
     # ModelZoo's initializer specs (initializer_schema.py). initializer: q, k, v and the MLP's first
     # layer(s); output_layer_initializer: the attention output and the MLP's last layer (left out: these
     # take initializer); embedding_initializer: the token (and learned position) embeddings. Left out:
     # ModelZoo's default: normal(0, initializer_range) cut at 2 std, the output projections' (without
     # either key) scaled by 1/sqrt(2 num_hidden_layers), gpt2 and llama alike (numerics/model.py)
-    initializer: InitializerParams | None = None
-    embedding_initializer: InitializerParams | None = None
-    output_layer_initializer: InitializerParams | None = None
-    attention_type: Literal["scaled_dot_product"] = "scaled_dot_product"
-    # ModelZoo's GPTLMHeadModelLoss: num_tokens divides the summed token losses by the counted (not padding)
-    # tokens, batch_size by the batch size and multiplies by loss_weight (see data/loss_scaling.py)
-    loss_scaling: Literal["num_tokens", "batch_size"] = "num_tokens"
-    loss_weight: PositiveFloat = 1.0
-    fp16_type: HalfType | None = None  # bf16 on the wire; the master copy stays fp32
+    initializer: InitializerParams | None = Field(
+        None, description="q, k, v and the MLP's first layer(s); null: the default initialisation"
+    )
+    embedding_initializer: InitializerParams | None = Field(
+        None, description="the token (and learned position) embeddings; null: the default initialisation"
+    )
+    output_layer_initializer: InitializerParams | None = Field(
+        None,
+        description="the attention output and the MLP's last layer; null: initializer if given, else the "
+        "default scaled by 1/sqrt(2 num_hidden_layers)",
+    )
+    attention_type: Literal["scaled_dot_product"] = Field(
+        "scaled_dot_product", description="softmax(q k^T / sqrt(head size)) v"
+    )
+    # ModelZoo's GPTLMHeadModelLoss (see data/loss_scaling.py)
+    loss_scaling: Literal["num_tokens", "batch_size"] = Field(
+        "num_tokens",
+        description="num_tokens divides the summed token losses by the counted (not padding) tokens, "
+        "batch_size by the batch size and multiplies by loss_weight",
+    )
+    loss_weight: PositiveFloat = Field(
+        1.0, description="with loss_scaling: batch_size, usually 1 / max_sequence_length; else 1.0"
+    )
+    fp16_type: HalfType | None = Field(
+        None,
+        description="bfloat16 on the wire (cbfloat16 runs as bfloat16); the master copy stays fp32; "
+        "null: fp32 throughout",
+    )
 
     @field_validator("loss_weight")
     @classmethod
@@ -72,22 +93,34 @@ class _LanguageModelParams(Section):
 
 
 class GPT2ModelParams(_LanguageModelParams):
-    name: Literal["gpt2", "gpt3"]  # ModelZoo's GPT-3 is GPT-2's architecture (learned positions, LayerNorm)
-    position_embedding_type: Literal["learned"] = "learned"
-    share_embedding_weights: bool = True
-    # ModelZoo's meaning: gelu is the exact (erf) GELU, gelu_new the tanh form (Hugging Face GPT-2's)
-    nonlinearity: Literal["gelu", "gelu_new"] = "gelu"
-    # Hugging Face's resid_pdrop (after each projection, before its residual add) and embd_pdrop
-    dropout_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    embedding_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = None  # None: dropout_rate
-    # Hugging Face's attn_pdrop: on the attention probabilities. None: dropout_rate, as in ModelZoo; left
-    # out: 0.0 (ModelZoo's default is 0.1; 0.0 keeps what a params file without the key trained before)
-    attention_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = 0.0
-    norm_type: Literal["layernorm"] = "layernorm"
-    use_projection_bias_in_attention: Literal[True] = True
-    use_ffn_bias_in_attention: Literal[True] = True
-    use_ffn_bias: Literal[True] = True
-    use_bias_in_output: Literal[False] = False
+    """ModelZoo's ``name: gpt2`` and ``name: gpt3`` keys, as Hugging Face's ``GPT2LMHeadModel`` implements
+    them (ModelZoo's GPT-3 is GPT-2's architecture: learned positions, LayerNorm)."""
+
+    name: Literal["gpt2", "gpt3"] = Field(description="the model family")
+    position_embedding_type: Literal["learned"] = Field("learned", description="learned position embeddings")
+    share_embedding_weights: bool = Field(True, description="the LM head is the token embeddings (tied)")
+    # ModelZoo's meaning of the two names
+    nonlinearity: Literal["gelu", "gelu_new"] = Field(
+        "gelu", description="gelu: the exact (erf) GELU; gelu_new: the tanh form (Hugging Face GPT-2's)"
+    )
+    dropout_rate: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0,
+        description="dropout after each projection, before its residual add (Hugging Face's resid_pdrop)",
+    )
+    embedding_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        None, description="dropout on the embeddings (Hugging Face's embd_pdrop); null: dropout_rate"
+    )
+    # ModelZoo's default is 0.1; 0.0 keeps what a params file without the key trained before
+    attention_dropout_rate: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        0.0,
+        description="dropout on the attention probabilities (Hugging Face's attn_pdrop); null: "
+        "dropout_rate, as in ModelZoo",
+    )
+    norm_type: Literal["layernorm"] = Field("layernorm", description="LayerNorm before attention and MLP")
+    use_projection_bias_in_attention: Literal[True] = Field(True, description="q, k, v have biases")
+    use_ffn_bias_in_attention: Literal[True] = Field(True, description="the attention output has a bias")
+    use_ffn_bias: Literal[True] = Field(True, description="the MLP's layers have biases")
+    use_bias_in_output: Literal[False] = Field(False, description="the LM head has no bias")
 
     @property
     def embedding_dropout(self) -> float:
@@ -101,7 +134,9 @@ class GPT2ModelParams(_LanguageModelParams):
 
 
 class ExtraAttentionParams(Section):
-    num_kv_groups: PositiveInt  # key/value heads of grouped-query attention
+    """Grouped-query attention's settings (``attention_module: multiquery_attention``)."""
+
+    num_kv_groups: PositiveInt = Field(description="key/value heads of grouped-query attention")
 
 
 LlamaNoDropout = only_zero(
@@ -113,30 +148,49 @@ LlamaNoDropout = only_zero(
 class LlamaModelParams(_LanguageModelParams):
     """ModelZoo's ``name: llama`` keys, as Hugging Face's ``LlamaForCausalLM`` implements them."""
 
-    name: Literal["llama"]
-    filter_size: PositiveInt  # SwiGLU's inner size (intermediate_size); no default, as in ModelZoo
-    position_embedding_type: Literal["rotary"] = "rotary"
-    rope_theta: PositiveFloat = 10000.0
-    rotary_dim: PositiveInt | None = None  # None: the whole head (Hugging Face's LLaMA rotates all of it)
-    # RoPE scaling, as Hugging Face's rope_parameters (numerics/rope_scaling.py): linear divides every
-    # frequency by the factor, llama3 (Llama 3.1) only the low ones, with its three pos_scaling_extra_args
-    pos_scaling_type: Literal["linear", "llama3"] = "linear"
-    pos_scaling_factor: PositiveFloat = 1.0  # linear by 1.0: no scaling
-    pos_scaling_extra_args: dict[str, float | int] | None = Field(default=None, validate_default=True)
-    norm_type: Literal["rmsnorm"] = "rmsnorm"
-    nonlinearity: Literal["swiglu"] = "swiglu"
-    share_embedding_weights: bool = False
+    name: Literal["llama"] = Field(description="the model family")
+    filter_size: PositiveInt = Field(
+        description="SwiGLU's inner size (intermediate_size); no default, as in ModelZoo"
+    )
+    position_embedding_type: Literal["rotary"] = Field("rotary", description="rotary position embeddings")
+    rope_theta: PositiveFloat = Field(10000.0, description="the base of the rotary frequencies")
+    rotary_dim: PositiveInt | None = Field(
+        None, description="rotated dimensions of each head; null: the whole head (as Hugging Face's LLaMA)"
+    )
+    # RoPE scaling, as Hugging Face's rope_parameters (numerics/rope_scaling.py)
+    pos_scaling_type: Literal["linear", "llama3"] = Field(
+        "linear",
+        description="RoPE scaling: linear divides every frequency by the factor, llama3 (Llama 3.1) only "
+        "the low ones, with its three pos_scaling_extra_args",
+    )
+    pos_scaling_factor: PositiveFloat = Field(
+        1.0, description="the RoPE scaling factor (linear by 1.0: none)"
+    )
+    pos_scaling_extra_args: dict[str, float | int] | None = Field(
+        default=None,
+        validate_default=True,
+        description="llama3's low_freq_factor, high_freq_factor and original_max_position_embeddings",
+    )
+    norm_type: Literal["rmsnorm"] = Field("rmsnorm", description="RMSNorm before attention and MLP")
+    nonlinearity: Literal["swiglu"] = Field("swiglu", description="the MLP is SwiGLU (gate, up, down)")
+    share_embedding_weights: bool = Field(False, description="true: the LM head is the token embeddings")
     # Hugging Face's attention_bias puts a bias on q, k, v and o alike: the two keys must agree
-    use_projection_bias_in_attention: bool = False  # q, k, v
-    use_ffn_bias_in_attention: bool = False  # o
-    use_ffn_bias: bool = False  # gate, up, down (mlp_bias)
-    use_bias_in_output: Literal[False] = False  # LlamaForCausalLM's head has no bias
-    # multiquery_attention with extra_attention_params.num_kv_groups: grouped-query attention
-    attention_module: Literal["aiayn_attention", "multiquery_attention"] = "aiayn_attention"
-    extra_attention_params: ExtraAttentionParams | None = None
-    dropout_rate: ZeroDropout = 0.0
-    embedding_dropout_rate: ZeroDropout = 0.0
-    attention_dropout_rate: LlamaNoDropout = 0.0
+    use_projection_bias_in_attention: bool = Field(
+        False, description="q, k, v have biases (must agree with use_ffn_bias_in_attention)"
+    )
+    use_ffn_bias_in_attention: bool = Field(False, description="the attention output (o) has a bias")
+    use_ffn_bias: bool = Field(False, description="gate, up and down have biases (mlp_bias)")
+    use_bias_in_output: Literal[False] = Field(False, description="LlamaForCausalLM's head has no bias")
+    attention_module: Literal["aiayn_attention", "multiquery_attention"] = Field(
+        "aiayn_attention",
+        description="multiquery_attention with extra_attention_params.num_kv_groups: grouped-query attention",
+    )
+    extra_attention_params: ExtraAttentionParams | None = Field(
+        None, description="grouped-query attention's settings"
+    )
+    dropout_rate: ZeroDropout = Field(0.0, description="only 0.0 (dropout is not implemented for llama)")
+    embedding_dropout_rate: ZeroDropout = Field(0.0, description="only 0.0")
+    attention_dropout_rate: LlamaNoDropout = Field(0.0, description="only 0.0")
 
     @field_validator("pos_scaling_type", mode="before")
     @classmethod
@@ -169,11 +223,13 @@ LanguageModelParams = GPT2ModelParams | LlamaModelParams
 
 
 class FCMLPModelParams(Section):
-    name: Literal["fc_mlp"]
-    input_size: PositiveInt
-    hidden_size: PositiveInt
-    depth: PositiveInt  # number of hidden layers
-    num_classes: PositiveInt = 10
-    activation_fn: Literal["relu"] = "relu"
-    dropout: ZeroDropout = 0.0
-    fp16_type: HalfType | None = None
+    """A fully connected classifier (ModelZoo's fc_mnist)."""
+
+    name: Literal["fc_mlp"] = Field(description="the model family")
+    input_size: PositiveInt = Field(description="features per sample")
+    hidden_size: PositiveInt = Field(description="the width of every hidden layer")
+    depth: PositiveInt = Field(description="hidden layers")
+    num_classes: PositiveInt = Field(10, description="classes of the output layer")
+    activation_fn: Literal["relu"] = Field("relu", description="the activation after each hidden layer")
+    dropout: ZeroDropout = Field(0.0, description="only 0.0 (dropout is not implemented)")
+    fp16_type: HalfType | None = Field(None, description="bfloat16 on the wire; null: fp32 throughout")

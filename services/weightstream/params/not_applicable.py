@@ -45,6 +45,10 @@ class Rule:
 _LOADER = Rule("a PyTorch DataLoader knob: weightstream's activation servers read the data themselves")
 _LOSS_SCALE = Rule("fp16 loss scaling: weightstream's gradients are fp32 (bfloat16 needs no loss scale)")
 _COMPILER = Rule("a Cerebras compiler or runtime setting: weightstream has no compiler")
+_POD_MEMORY = Rule(
+    "memory a Cerebras cluster reserves for a job's pods: weightstream sizes each role's memory from "
+    "the model's plan"
+)
 _LOGGING = Rule("what ModelZoo logs: weightstream logs loss, gradient norm and throughput every log_steps")
 
 NOT_APPLICABLE: dict[str, dict[str, Rule]] = {
@@ -129,6 +133,11 @@ NOT_APPLICABLE: dict[str, dict[str, Rule]] = {
         "job_priority": Rule("set a service job's priority at submission (`--priority`)"),
         "job_time_sec": _COMPILER,
         "disable_version_check": _COMPILER,
+        "compile_crd_memory_gi": _POD_MEMORY,
+        "execute_crd_memory_gi": _POD_MEMORY,
+        "wrk_memory_gi": _POD_MEMORY,
+        "act_memory_gi": _POD_MEMORY,
+        "cmd_memory_gi": _POD_MEMORY,
         "summary_dir": Rule("TensorBoard events are written under model_dir"),
     },
 }

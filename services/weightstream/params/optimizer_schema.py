@@ -15,7 +15,7 @@ from pydantic import (
 from weightstream.params.errors import Problem
 from weightstream.params.section import Section, renamed
 
-__all__ = ["SCHEDULERS", "OptimizerParams", "SchedulePieceParams", "canonical_scheduler"]
+__all__ = ["SCHEDULERS", "SCHEDULER_KEYS", "OptimizerParams", "SchedulePieceParams", "canonical_scheduler"]
 
 SCHEDULERS = ("Constant", "Linear", "CosineDecay", "Exponential", "Polynomial")
 # ModelZoo finds a scheduler by its lower-cased name with or without "LR" (linear, LinearLR, ...)
@@ -32,7 +32,7 @@ def canonical_scheduler(name: str) -> str:
 # ExponentialLR and PolynomialLR name their arguments (Constant's value may also be initial_learning_rate).
 # Linear's alpha is in ModelZoo's old GPT-2 files, where it never had an effect: accepted, ignored.
 # cycle has no effect on any learning rate in ModelZoo (numerics.optim.SchedulePiece says why).
-_TAKES: dict[str, frozenset[str]] = {
+SCHEDULER_KEYS: dict[str, frozenset[str]] = {
     "Constant": frozenset({"learning_rate", "initial_learning_rate", "total_iters"}),
     "Linear": frozenset({"initial_learning_rate", "end_learning_rate", "total_iters", "cycle", "alpha"}),
     "CosineDecay": frozenset({"initial_learning_rate", "end_learning_rate", "total_iters"}),
@@ -49,19 +49,39 @@ _REQUIRES: dict[str, tuple[str, ...]] = {  # Constant's own rules are in Schedul
 
 
 class SchedulePieceParams(Section):
-    scheduler: Literal["Constant", "Linear", "CosineDecay", "Exponential", "Polynomial"]
-    initial_learning_rate: Annotated[float, Field(ge=0)] | None = None
-    end_learning_rate: Annotated[float, Field(ge=0)] | None = None
-    learning_rate: Annotated[float, Field(ge=0)] | None = None  # Constant's value
-    total_iters: PositiveInt | None = None  # may be left out only by a last, Constant piece
-    # Exponential: lr = initial_learning_rate * decay_rate ** (t / total_iters), t // total_iters if staircase
-    decay_rate: Annotated[float, Field(ge=0)] | None = None
-    staircase: bool | None = None  # None: ModelZoo's default, false
-    # Polynomial: lr = (initial - end) * (1 - t / total_iters) ** power + end; power >= 0 keeps every
-    # learning rate between the two (None: ModelZoo's default, 1.0)
-    power: Annotated[float, Field(ge=0)] | None = None
-    cycle: bool | None = None  # Linear, Polynomial: accepted, changes nothing (as in ModelZoo)
-    alpha: float | None = None  # Linear: accepted, changes nothing (as in ModelZoo)
+    """One piece of the learning-rate schedule; the pieces run one after another, each for its
+    ``total_iters`` steps. Each scheduler takes only its own keys (``SCHEDULER_KEYS``)."""
+
+    scheduler: Literal["Constant", "Linear", "CosineDecay", "Exponential", "Polynomial"] = Field(
+        description="the piece's shape, in any of ModelZoo's spellings (Linear, linear, LinearLR)"
+    )
+    initial_learning_rate: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="the learning rate at the piece's start"
+    )
+    end_learning_rate: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="the learning rate at the piece's end (Linear, CosineDecay, Polynomial)"
+    )
+    learning_rate: Annotated[float, Field(ge=0)] | None = Field(None, description="Constant's value")
+    total_iters: PositiveInt | None = Field(
+        None,
+        description="the piece's steps; may be left out only by a last, Constant piece (older names: steps, "
+        "decay_steps)",
+    )
+    decay_rate: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="Exponential: lr = initial_learning_rate * decay_rate ** (t / total_iters), "
+        "t // total_iters if staircase",
+    )
+    staircase: bool | None = Field(None, description="Exponential: decay in whole steps; null: false")
+    # power >= 0 keeps every learning rate between the two
+    power: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="Polynomial: lr = (initial - end) * (1 - t / total_iters) ** power + end; null: 1.0",
+    )
+    cycle: bool | None = Field(
+        None, description="Linear, Polynomial: accepted, changes nothing (as in ModelZoo)"
+    )
+    alpha: float | None = Field(None, description="Linear: accepted, changes nothing (as in ModelZoo)")
 
     @model_validator(mode="before")
     @classmethod
@@ -88,7 +108,7 @@ class SchedulePieceParams(Section):
             for key in _REQUIRES.get(s, ())
             if getattr(self, key) is None
         ]
-        for key in sorted(set().union(*_TAKES.values()) - _TAKES[s]):
+        for key in sorted(set().union(*SCHEDULER_KEYS.values()) - SCHEDULER_KEYS[s]):
             if getattr(self, key) is not None:
                 out.append(Problem(f"{at}.{key}", _not_taken(key, s), getattr(self, key)))
         return out
@@ -98,7 +118,7 @@ def _not_taken(key: str, scheduler: str) -> str:
     """Why ``scheduler`` refuses ``key``, and what it takes instead."""
     if key == "learning_rate":
         rates = " and ".join(
-            k for k in ("initial_learning_rate", "end_learning_rate") if k in _TAKES[scheduler]
+            k for k in ("initial_learning_rate", "end_learning_rate") if k in SCHEDULER_KEYS[scheduler]
         )
         return f"applies to Constant pieces; {scheduler} takes {rates}"
     if key == "alpha" and scheduler == "CosineDecay":
@@ -106,25 +126,46 @@ def _not_taken(key: str, scheduler: str) -> str:
             "ModelZoo's CosineDecay has no alpha (its floor is end_learning_rate: for Keras' alpha, set "
             "end_learning_rate to alpha * initial_learning_rate); alpha is accepted on Linear pieces only"
         )
-    *others, final = [n for n in SCHEDULERS if key in _TAKES[n]]
+    *others, final = [n for n in SCHEDULERS if key in SCHEDULER_KEYS[n]]
     takers = f"{', '.join(others)} and {final}" if others else final
     return f"applies to {takers} pieces, not {scheduler}"
 
 
 class OptimizerParams(Section):
-    optimizer_type: Literal["adamw", "adam", "sgd"]
-    learning_rate: list[SchedulePieceParams] = Field(min_length=1)
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-6  # ModelZoo's default for Adam and AdamW (cerebras.pytorch), not torch's 1e-8
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    nesterov: bool = False
-    max_gradient_norm: PositiveFloat | None = None
-    # ModelZoo's rule: biases and normalisation weights get no weight decay; false decays every tensor
-    exclude_bias_and_norm_from_weight_decay: bool = True
+    """The optimizer, its settings and its learning-rate schedule."""
+
+    optimizer_type: Literal["adamw", "adam", "sgd"] = Field(
+        description="AdamW (decoupled weight decay), Adam (weight decay as L2 on the gradient) or SGD"
+    )
+    learning_rate: list[SchedulePieceParams] = Field(
+        min_length=1, description="a number (a constant rate) or the schedule's pieces, in order"
+    )
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="Adam's moment decay rates (older spelling: beta1, beta2)"
+    )
+    eps: PositiveFloat = Field(
+        1e-6,
+        description="Adam's epsilon: ModelZoo's default for Adam and AdamW (cerebras.pytorch), not torch's "
+        "1e-8 (older spelling: epsilon)",
+    )
+    weight_decay: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="the weight decay rate (older spelling: weight_decay_rate)"
+    )
+    momentum: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="SGD's momentum")
+    nesterov: bool = Field(False, description="SGD: Nesterov momentum")
+    max_gradient_norm: PositiveFloat | None = Field(
+        None, description="clip the global gradient norm to this; null: no clipping"
+    )
+    exclude_bias_and_norm_from_weight_decay: bool = Field(
+        True,
+        description="ModelZoo's rule: biases and normalisation weights get no weight decay; false decays "
+        "every tensor",
+    )
     # what weightstream always does, so accepted as long as they say so (the other value is refused)
-    correct_bias: bool = True  # Adam's bias correction (also spelled use_bias_correction)
-    amsgrad: bool = False
+    correct_bias: bool = Field(
+        True, description="Adam's bias correction: only true (also spelled use_bias_correction)"
+    )
+    amsgrad: bool = Field(False, description="only false (AMSGrad is not implemented)")
 
     @field_validator("correct_bias")
     @classmethod

@@ -60,26 +60,43 @@ DATA_PROCESSORS: tuple[str, ...] = DataProcessor.__args__  # type: ignore[attr-d
 class MixtureParams(Section):
     """One dataset of a mixture: its directory and its share of the samples (weights are normalised)."""
 
-    data_dir: str
-    weight: PositiveFloat = 1.0
+    data_dir: str = Field(description="the dataset's directory")
+    weight: PositiveFloat = Field(1.0, description="its share of the samples, relative to the others'")
 
 
 class InputParams(Section):
-    data_processor: DataProcessor
-    data_dir: str | list[str] | None = None
-    mixture: list[MixtureParams] | None = Field(default=None, min_length=1)  # instead of data_dir
-    batch_size: PositiveInt  # the global batch, divided evenly across num_csx
-    max_sequence_length: PositiveInt | None = None
-    shuffle: bool = True
-    shuffle_seed: NonNegativeInt = 0  # numpy's seed sequences take no negative entropy
-    # samples per micro-batch on a worker (gradients accumulate over a shard's micro-batches);
-    # None: the whole shard, or the largest that fits runconfig.worker_memory_mb when that is set
-    micro_batch_size: PositiveInt | None = None
-    # true: each epoch is whole batches, its remainder skipped (reshuffled into the next epoch); false:
-    # a batch takes the last samples of one epoch and the first of the next. None: true for
-    # GptHDF5MapDataProcessor (ModelZoo's default), false for the others
-    drop_last: bool | None = None
-    num_workers: NonNegativeInt = 0  # threads an activation server reads HDF5 files with (0: one)
+    """The data a run trains on (``train_input``) or evaluates on (``eval_input``)."""
+
+    data_processor: DataProcessor = Field(
+        description="the reader of the data (ModelZoo's GptHDF5DataProcessor is read as "
+        "GptHDF5MapDataProcessor)"
+    )
+    data_dir: str | list[str] | None = Field(None, description="the directory (or directories) of the data")
+    mixture: list[MixtureParams] | None = Field(
+        default=None, min_length=1, description="several datasets sampled by weight, instead of data_dir"
+    )
+    batch_size: PositiveInt = Field(description="the global batch, divided evenly across runconfig.num_csx")
+    max_sequence_length: PositiveInt | None = Field(
+        None, description="tokens per sample; left out: read from the HDF5 files"
+    )
+    shuffle: bool = Field(True, description="shuffle the samples every epoch")
+    # numpy's seed sequences take no negative entropy
+    shuffle_seed: NonNegativeInt = Field(0, description="the seed of the shuffle")
+    micro_batch_size: PositiveInt | None = Field(
+        None,
+        description="samples per micro-batch on a worker (gradients accumulate over a shard's "
+        "micro-batches); null: the whole shard, or the largest that fits runconfig.worker_memory_mb "
+        "when that is set",
+    )
+    drop_last: bool | None = Field(
+        None,
+        description="true: each epoch is whole batches, its remainder skipped (reshuffled into the next "
+        "epoch); false: a batch takes the last samples of one epoch and the first of the next. null: true "
+        "for GptHDF5MapDataProcessor (ModelZoo's default), false for the others",
+    )
+    num_workers: NonNegativeInt = Field(
+        0, description="threads an activation server reads HDF5 files with (0: one)"
+    )
 
     @field_validator("data_processor", mode="before")
     @classmethod
@@ -89,50 +106,86 @@ class InputParams(Section):
 
 
 class RunConfig(Section):
-    num_csx: PositiveInt = 1
-    num_wgt_servers: PositiveInt = 1
-    num_act_servers: PositiveInt = 1
-    max_steps: PositiveInt
-    log_steps: PositiveInt = 10
-    checkpoint_steps: NonNegativeInt = 0  # 0: a checkpoint only at the end
-    eval_frequency: NonNegativeInt = 0  # 0: evaluate only at the end (when eval_input is given)
-    eval_steps: PositiveInt = 1
-    seed: NonNegativeInt = 0  # numpy's seed sequences take no negative entropy
-    model_dir: str = "./model_dir"
-    autoload_last_checkpoint: bool = True
-    keep_checkpoint_max: PositiveInt | None = None  # keep the newest N complete checkpoints; None: all
-    # weightstream's own keys (not in ModelZoo)
-    swarmx_fanout: Annotated[int, Field(ge=2)] = (
-        4  # children per SwarmX node; the tree's depth is log_fanout(N)
+    """How the run is laid out and driven: workers and servers, steps, checkpoints, faults."""
+
+    num_csx: PositiveInt = Field(1, description="CS-2 workers; the batch is divided evenly across them")
+    num_wgt_servers: PositiveInt = Field(1, description="MemoryX weight server shards")
+    num_act_servers: PositiveInt = Field(1, description="activation servers feeding the workers data")
+    max_steps: PositiveInt = Field(description="optimizer steps the run trains for")
+    log_steps: PositiveInt = Field(
+        10, description="log loss, gradient norm and throughput every this many steps"
     )
-    worker_memory_mb: PositiveInt | None = None  # a worker's memory budget for weights and activations
-    # weight_streaming: each unit streams in for forward and again for backward; pipelined: the weights
-    # stay on the worker through the step (one transfer per unit per step); auto: pipelined when the
-    # model fits worker_memory_mb
-    execution_mode: Literal["weight_streaming", "pipelined", "auto"] = "weight_streaming"
-    # disk: each MemoryX shard keeps weights, optimizer state and the step's gradients in files under
-    # memoryx_dir (default model_dir/.memoryx), so the shards together can hold more than RAM
-    memoryx_storage: Literal["memory", "disk"] = "memory"
-    # how tensor bytes travel between roles: shared_memory (memfds; only the header over gRPC) needs every
-    # role on one host; auto: shared_memory with the local backend, grpc on Kubernetes
-    data_plane: Literal["auto", "grpc", "shared_memory"] = "auto"
-    memoryx_dir: str | None = None
-    # false: checkpoints hold the weights only (loadable by Hugging Face, not resumable); halves their size
-    # and more for Adam
-    checkpoint_optimizer_state: bool = True
-    # the largest checkpoint file, as save_pretrained's max_shard_size ("5GB", "500MB", or bytes)
-    checkpoint_max_shard_size: ByteSize = ByteSize(5 * 10**9)
-    rpc_timeout_s: PositiveFloat = 120.0  # deadline of every call and every wait between roles
-    # fault recovery: how many role replacements a job may need in all before it fails, and how often the
-    # MemoryX shards save a recovery snapshot (a lost shard rolls the job back to the newest snapshot or
-    # checkpoint and replays the steps since; 0: checkpoints only)
-    max_role_restarts: NonNegativeInt = 50
-    recovery_snapshot_steps: NonNegativeInt = 10
-    # ModelZoo's keys: a Hugging Face save_pretrained directory whose weights start the run (optimizer
-    # state and step start fresh; a checkpoint of the run's own model_dir, when there is one, wins), and a
-    # checkpoint of the weights before the first step
-    checkpoint_path: str | None = None
-    save_initial_checkpoint: bool = False
+    checkpoint_steps: NonNegativeInt = Field(
+        0, description="save a checkpoint every this many steps; 0: a checkpoint only at the end"
+    )
+    eval_frequency: NonNegativeInt = Field(
+        0, description="evaluate every this many steps; 0: only at the end (when eval_input is given)"
+    )
+    eval_steps: PositiveInt = Field(1, description="batches of eval_input each evaluation reads")
+    # numpy's seed sequences take no negative entropy
+    seed: NonNegativeInt = Field(0, description="the seed of the initial weights, dropout and random masks")
+    model_dir: str = Field("./model_dir", description="where checkpoints, logs and metrics.jsonl go")
+    autoload_last_checkpoint: bool = Field(
+        True, description="resume from the newest complete checkpoint in model_dir, if there is one"
+    )
+    keep_checkpoint_max: PositiveInt | None = Field(
+        None, description="keep the newest N complete checkpoints; null: all (older name: max_checkpoints)"
+    )
+    # weightstream's own keys (not in ModelZoo)
+    swarmx_fanout: Annotated[int, Field(ge=2)] = Field(
+        4, description="children per SwarmX node; the tree's depth is log_fanout(num_csx)"
+    )
+    worker_memory_mb: PositiveInt | None = Field(
+        None, description="a worker's memory budget for weights and activations, in MiB; null: no budget"
+    )
+    execution_mode: Literal["weight_streaming", "pipelined", "auto"] = Field(
+        "weight_streaming",
+        description="weight_streaming: each unit streams in for forward and again for backward; pipelined: "
+        "the weights stay on the worker through the step (one transfer per unit per step); auto: "
+        "pipelined when the model fits worker_memory_mb",
+    )
+    memoryx_storage: Literal["memory", "disk"] = Field(
+        "memory",
+        description="disk: each MemoryX shard keeps weights, optimizer state and the step's gradients in "
+        "files under memoryx_dir, so the shards together can hold more than RAM",
+    )
+    data_plane: Literal["auto", "grpc", "shared_memory"] = Field(
+        "auto",
+        description="how tensor bytes travel between roles: shared_memory (memfds; only the header over "
+        "gRPC) needs every role on one host; auto: shared_memory with the local backend, grpc on Kubernetes",
+    )
+    memoryx_dir: str | None = Field(
+        None, description="where memoryx_storage: disk keeps its files; null: model_dir/.memoryx"
+    )
+    checkpoint_optimizer_state: bool = Field(
+        True,
+        description="false: checkpoints hold the weights only (loadable by Hugging Face, not resumable); "
+        "halves their size and more for Adam",
+    )
+    checkpoint_max_shard_size: ByteSize = Field(
+        ByteSize(5 * 10**9),
+        description="the largest checkpoint file, as save_pretrained's max_shard_size (5GB, 500MB, or bytes)",
+    )
+    rpc_timeout_s: PositiveFloat = Field(
+        120.0, description="deadline of every call and every wait between roles, in seconds"
+    )
+    # a lost shard rolls the job back to the newest snapshot or checkpoint and replays the steps since
+    max_role_restarts: NonNegativeInt = Field(
+        50, description="role replacements (fault recovery) a job may need in all before it fails"
+    )
+    recovery_snapshot_steps: NonNegativeInt = Field(
+        10,
+        description="the MemoryX shards save a recovery snapshot every this many steps; a lost shard rolls "
+        "back to the newest snapshot or checkpoint (0: checkpoints only)",
+    )
+    checkpoint_path: str | None = Field(
+        None,
+        description="a Hugging Face save_pretrained directory whose weights start the run (optimizer state "
+        "and step start fresh; a checkpoint of the run's own model_dir, when there is one, wins)",
+    )
+    save_initial_checkpoint: bool = Field(
+        False, description="save a checkpoint of the weights before the first step"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -142,9 +195,14 @@ class RunConfig(Section):
 
 
 class Params(Section):
-    train_input: InputParams
-    eval_input: InputParams | None = None
-    model: Annotated[GPT2ModelParams | LlamaModelParams | FCMLPModelParams, Field(discriminator="name")]
-    optimizer: OptimizerParams
-    runconfig: RunConfig
-    sparsity: SparsityParams | None = None
+    """A params file in ModelZoo's legacy layout (a ``trainer:`` file is translated into it first)."""
+
+    train_input: InputParams = Field(description="the training data")
+    eval_input: InputParams | None = Field(None, description="the evaluation data; left out: no evaluation")
+    model: Annotated[
+        GPT2ModelParams | LlamaModelParams | FCMLPModelParams,
+        Field(discriminator="name", description="the model; name picks the family"),
+    ]
+    optimizer: OptimizerParams = Field(description="the optimizer and its learning-rate schedule")
+    runconfig: RunConfig = Field(description="how the run is laid out and driven")
+    sparsity: SparsityParams | None = Field(None, description="weight sparsity; left out: dense")

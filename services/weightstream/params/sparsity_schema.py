@@ -40,8 +40,8 @@ class LevelScheduleParams(Section):
     """The level of zeros as a function of the step (``algorithm: gmp``): one class per ``type``, each
     with cerebras.pytorch's keys for it, so a key of another type is an unknown key here."""
 
-    type: str
-    init: float
+    type: str = Field(description="the schedule's shape (any case)")
+    init: float = Field(description="the level at step 0")
 
     @field_validator("type", mode="before")
     @classmethod
@@ -52,31 +52,31 @@ class LevelScheduleParams(Section):
 class LinearLevel(LevelScheduleParams):
     """init + step * slope"""
 
-    type: Literal["linear"]
-    slope: float
+    type: Literal["linear"] = Field(description="the schedule's shape (any case)")
+    slope: float = Field(description="the level added per step")
 
 
 class ExpLevel(LevelScheduleParams):
     """final - (final - init) * exp(step * gamma)"""
 
-    type: Literal["exp"]
-    gamma: float
-    final: float = 1.0
+    type: Literal["exp"] = Field(description="the schedule's shape (any case)")
+    gamma: float = Field(description="the rate of approach to final, per step (negative approaches it)")
+    final: float = Field(1.0, description="the level the schedule approaches")
 
 
 class PowerLevel(LevelScheduleParams):
     """init * beta ** step"""
 
-    type: Literal["power"]
-    beta: float
+    type: Literal["power"] = Field(description="the schedule's shape (any case)")
+    beta: float = Field(description="the factor per step")
 
 
 class CosineLevel(LevelScheduleParams):
     """From init down to minimum and back every 2 * half_period steps."""
 
-    type: Literal["cosine"]
-    half_period: float
-    minimum: float = 0.0
+    type: Literal["cosine"] = Field(description="the schedule's shape (any case)")
+    half_period: float = Field(description="steps from init to minimum (not 0)")
+    minimum: float = Field(0.0, description="the lowest level")
 
     @field_validator("half_period")
     @classmethod
@@ -134,10 +134,12 @@ class UpdateParams(Section):
     """When gmp makes the masks again: every ``freq`` steps from ``start`` until before ``stop``, or at the
     ``steps`` listed. Steps count updates applied (the first update is step 1; 0 is the start)."""
 
-    freq: PositiveInt | None = None
-    start: NonNegativeInt | None = None
-    stop: PositiveInt | None = None
-    steps: Annotated[list[NonNegativeInt], Field(max_length=MAX_UPDATE_STEPS)] | None = None
+    freq: PositiveInt | None = Field(None, description="make the masks again every this many steps")
+    start: NonNegativeInt | None = Field(None, description="the first step freq counts from; null: 0")
+    stop: PositiveInt | None = Field(None, description="no updates from this step on; null: none stop")
+    steps: Annotated[list[NonNegativeInt], Field(max_length=MAX_UPDATE_STEPS)] | None = Field(
+        None, description="the steps to make the masks at, instead of freq, start and stop"
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> UpdateParams:
@@ -174,16 +176,29 @@ class SparsityParams(Section):
     """ModelZoo's ``sparsity:`` block: unstructured weight sparsity, fixed masks (``algorithm: static``) or
     masks made again from the weights' magnitudes as the level rises (``algorithm: gmp``)."""
 
-    algorithm: str = "static"  # first: the checks of sparsity and update read it
-    # the fraction of zeros (static) or its schedule (gmp): one for every tensor param_filter selects, or
-    # per glob of tensor names (each tensor takes the first glob, in the file's order, that matches it)
-    sparsity: Levels
-    init_method: Literal["random", "topk", "balanced-topk", "checkerboard"] = "random"
-    # globs over the Hugging Face tensor names; default: every 2-D weight of a linear layer (not the
-    # embeddings or the LM head; norms and biases are 1-D)
-    param_filter: str | list[str] | None = None
-    update: UpdateParams | None = None  # gmp: when masks are made again (default: after every step)
-    seed: NonNegativeInt | None = None  # of the random masks; default: runconfig.seed
+    # first: the checks of sparsity and update read it
+    algorithm: str = Field(
+        "static", description="static (masks fixed for the whole run) or gmp (gradual magnitude pruning)"
+    )
+    sparsity: Levels = Field(
+        description="the fraction of zeros (static) or its schedule (gmp): one for every tensor "
+        "param_filter selects, or per glob of tensor names (each tensor takes the first glob, in the "
+        "file's order, that matches it); also spelled schedule"
+    )
+    init_method: Literal["random", "topk", "balanced-topk", "checkerboard"] = Field(
+        "random", description="how the first masks are drawn"
+    )
+    param_filter: str | list[str] | None = Field(
+        None,
+        description="globs over the tensor names (Hugging Face's or ModelZoo's); null: every 2-D weight "
+        "of a linear layer (not the embeddings or the LM head; norms and biases are 1-D)",
+    )
+    update: UpdateParams | None = Field(
+        None, description="gmp: when masks are made again; null: after every step"
+    )
+    seed: NonNegativeInt | None = Field(
+        None, description="the seed of the random masks; null: runconfig.seed"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -24,86 +24,9 @@ from typing import Any
 from weightstream.params.errors import Problem
 from weightstream.params.layout import KeyUse, Origin, join
 from weightstream.params.trainer_callbacks import callbacks, loggers
+from weightstream.params.trainer_keys import HOMES, INIT_KEYS, PLAIN
 
-__all__ = ["PLAIN", "Translation", "from_trainer"]
-
-# trainer section -> {key: legacy path}; a value of None is a whole legacy section
-PLAIN: dict[str, dict[str, str]] = {
-    "loop": {
-        "max_steps": "runconfig.max_steps",
-        "eval_frequency": "runconfig.eval_frequency",
-        "eval_steps": "runconfig.eval_steps",
-        "grad_accum_steps": "optimizer.grad_accum_steps",
-    },
-    "checkpoint": {
-        "steps": "runconfig.checkpoint_steps",
-        "save_initial_checkpoint": "runconfig.save_initial_checkpoint",
-        "autoload_last_checkpoint": "runconfig.autoload_last_checkpoint",
-        "disable_strict_checkpoint_loading": "runconfig.disable_strict_checkpoint_loading",
-    },
-    "logging": {
-        "log_steps": "runconfig.log_steps",
-        "log_level": "runconfig.log_level",
-        "wsc_log_level": "runconfig.wsc_log_level",
-        "enable_act_frequency": "runconfig.enable_act_frequency",
-    },
-    "precision": {
-        "enabled": "model.mixed_precision",
-        "fp16_type": "model.fp16_type",
-        "precision_opt_level": "runconfig.precision_opt_level",
-        "max_gradient_norm": "optimizer.max_gradient_norm",
-        "max_gradient_value": "optimizer.max_gradient_value",
-        "loss_scaling_factor": "optimizer.loss_scaling_factor",
-        "initial_loss_scale": "optimizer.initial_loss_scale",
-        "steps_per_increase": "optimizer.steps_per_increase",
-        "min_loss_scale": "optimizer.min_loss_scale",
-        "max_loss_scale": "optimizer.max_loss_scale",
-        "log_loss_scale": "optimizer.log_summaries",
-    },
-    "backend": {
-        "backend_type": "runconfig.target_device",
-        "compile_dir": "runconfig.compile_dir",
-        "compile_only": "runconfig.compile_only",
-        "validate_only": "runconfig.validate_only",
-        "enable_distributed": "runconfig.enable_distributed",
-        "main_process_id": "runconfig.main_process_id",
-        "dist_backend": "runconfig.dist_backend",
-        "init_method": "runconfig.init_method",
-        "sync_batchnorm": "runconfig.sync_batchnorm",
-    },
-    "cluster_config": {
-        "num_csx": "runconfig.num_csx",
-        "max_wgt_servers": "runconfig.num_wgt_servers",
-        "max_act_per_csx": "runconfig.num_act_servers",
-        "num_workers_per_csx": "runconfig.num_workers_per_csx",
-        "mgmt_address": "runconfig.mgmt_address",
-        "mgmt_namespace": "runconfig.mgmt_namespace",
-        "credentials_path": "runconfig.credentials_path",
-        "mount_dirs": "runconfig.mount_dirs",
-        "python_paths": "runconfig.python_paths",
-        "cbcore_image": "runconfig.cbcore_image",
-        "job_labels": "runconfig.job_labels",
-        "job_priority": "runconfig.job_priority",
-        "job_time_sec": "runconfig.job_time_sec",
-        "disable_version_check": "runconfig.disable_version_check",
-    },
-}
-_INIT_KEYS = (
-    "backend",
-    "model_dir",
-    "seed",
-    "model",
-    "optimizer",
-    "schedulers",
-    "precision",
-    "sparsity",
-    "loop",
-    "checkpoint",
-    "logging",
-    "callbacks",
-    "loggers",
-    "weightstream",
-)
+__all__ = ["HOMES", "PLAIN", "Translation", "from_trainer"]
 
 
 @dataclass
@@ -112,20 +35,21 @@ class Translation:
     origin: Origin = field(default_factory=Origin)
     uses: list[KeyUse] = field(default_factory=list)  # keys with no legacy home, reported here
     problems: list[Problem] = field(default_factory=list)
+    # legacy path -> the other keys that gave it the same value (the key report names them at the first)
+    also: dict[str, list[str]] = field(default_factory=dict)
     optimizer_lr: tuple[Any, str] | None = None  # the optimizer's own rate and where it was written
 
     def put(self, legacy_path: str, value: Any, written: str) -> None:
         """Set ``legacy_path`` (``section.key``) to ``value``, remembering where the user wrote it."""
         section, _, key = legacy_path.partition(".")
         target = self.legacy.setdefault(section, {})
-        if key:
-            if key in target:
-                self.problems.append(
-                    Problem(written, f"sets {legacy_path} a second time (also {self.origin(legacy_path)})")
-                )
-            target[key] = value
-        else:
+        if not key:
             self.legacy[section] = value
+        elif key in target:
+            self._again(legacy_path, target[key], value, written)
+            return
+        else:
+            target[key] = value
         self.origin.add(legacy_path, written)
 
     def section(self, legacy_section: str, value: Any, written: str) -> None:
@@ -133,8 +57,30 @@ class Translation:
         if not isinstance(value, dict):
             self.problems.append(Problem(written, "must be a mapping", value))
             return
-        self.legacy.setdefault(legacy_section, {}).update(value)
+        target = self.legacy.setdefault(legacy_section, {})
+        for key, v in value.items():
+            if key in target:
+                self._again(join(legacy_section, key), target[key], v, join(written, key))
+            else:
+                target[key] = v
         self.origin.add(legacy_section, written)
+
+    def _again(self, legacy_path: str, first: Any, value: Any, written: str) -> None:
+        """A second key for one setting (ModelZoo 2.3 and 2.4 write the precision in ``model`` and in
+        ``trainer.init.precision``): the same value is one setting, kept where first written and reported
+        there; different values are refused, naming both keys and both values."""
+        first_at = self.origin(legacy_path)
+        if _same(first, value):
+            self.also.setdefault(legacy_path, []).append(written)
+        else:
+            self.problems.append(
+                Problem(
+                    written,
+                    f"is the same setting as {first_at}, which is {first!r}: give one value, "
+                    "or the same value in both",
+                    value,
+                )
+            )
 
     def report(self, written: str, value: Any, note: str) -> None:
         self.uses.append(KeyUse(written, value, "not applicable", note))
@@ -164,6 +110,11 @@ class Translation:
             return str(name), {} if settings is None else settings
         self.problems.append(Problem(at, f"must be one {what} as {{Name: {{settings}}}}", value))
         return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values that mean one thing: ``true`` and ``1`` do not (a switch and a number)."""
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)
 
 
 def from_trainer(raw: dict[str, Any]) -> Translation:
@@ -240,7 +191,7 @@ def _init(t: Translation, init: Any, at: str) -> None:
         elif key == "loggers":
             loggers(t, value, here)
         else:
-            t.unknown(here, key, _INIT_KEYS)
+            t.unknown(here, key, INIT_KEYS)
     if t.optimizer_lr is not None:
         lr, lr_at = t.optimizer_lr
         if "learning_rate" in t.legacy.get("optimizer", {}):  # ModelZoo: the schedulers win

@@ -354,7 +354,9 @@ class JobRunner:
         final = recovery_dir(self.model_dir, step) if snapshot else None
         path = finish_checkpoint(self.model_dir, tmp, step, self.params, files, state, final)
         if snapshot:
-            self.log.info("recovery snapshot %s", path)
+            # routine scratch, every few steps and gone at the end: below run.log's INFO, which keeps
+            # what a user reads (steps, checkpoints, evaluations, faults and the recoveries from these)
+            self.log.debug("recovery snapshot %s", path)
             return path
         self.log.info("checkpoint %s", path)
         prune_checkpoints(self.model_dir, self.rc.keep_checkpoint_max, path, self.log)

@@ -130,8 +130,8 @@ def test_failures_ask_the_api_server_at_most_once_per_poll(fake: FakeKubernetesA
 
 def test_recovery_sees_a_deletion_the_last_poll_did_not(fake: FakeKubernetesAPI) -> None:
     """``dead`` (recovery's question, once per fault) lists the pods now: a pod deleted within ``poll_s``
-    of the last listing is dead, being deleted, not a live role that does not answer (CI, session 17:
-    a step failed within 0.1 s of a ``kubectl delete`` and memoryx-0 was reported hung)."""
+    of the last listing is dead, being deleted, not a live role that does not answer (otherwise a step that
+    fails within 0.1 s of a ``kubectl delete`` reports memoryx-0 as hung)."""
     backend = _started(fake)
     backend.poll_s = 60.0
     assert backend.failures() == []  # listed: nothing dead, kept for a minute

@@ -244,6 +244,8 @@ def test_dashboard_prints_the_url_with_the_token_and_opens_it(monkeypatch: pytes
     assert r.exit_code == 0 and r.output == "http://svc:9000/#token=t%2Fk%2Bn\n" and opened == []
     r = CliRunner().invoke(app, ["dashboard", "--open"], env=env)
     assert r.exit_code == 0 and opened == ["http://svc:9000/#token=t%2Fk%2Bn"]
+    r = CliRunner().invoke(app, ["dashboard", "0123abcd4567"], env=env)  # a job's own page
+    assert r.exit_code == 0 and r.output == "http://svc:9000/jobs/0123abcd4567#token=t%2Fk%2Bn\n"
     r = CliRunner().invoke(app, ["dashboard"], env={"WEIGHTSTREAM_TOKEN": ""})
     assert r.exit_code == 2 and "no API token" in r.output
 

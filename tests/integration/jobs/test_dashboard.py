@@ -171,6 +171,41 @@ def _open(p: Any, served: Served, job_id: str) -> None:
     p.goto(f"{served.proc.url}/#token={TOKEN}")
     _until(lambda: job_id in p.inner_text("body"), 5, f"the page did not list job {job_id}")
     p.click(f"#job-rows tr[data-id='{job_id}']")
+    assert p.url == f"{served.proc.url}/jobs/{job_id}"  # the job's own address, to share
+
+
+def _shown(p: Any, job_id: str) -> bool:
+    """Whether the page has ``job_id`` open: its details, and its row marked in the list."""
+    selected = p.locator("#job-rows tr.selected")
+    return (
+        p.locator("#detail").is_visible()
+        and _text(p, "#d-id") == job_id
+        and selected.count() == 1
+        and selected.get_attribute("data-id") == job_id
+    )
+
+
+def _chart_size(p: Any) -> dict[str, float]:
+    """The chart's drawn width, the width of the job's section it sits in, and its viewBox's width."""
+    size: dict[str, float] = p.evaluate(
+        """() => {
+            const chart = document.querySelector("#loss-chart");
+            return {
+                chart: chart.getBoundingClientRect().width,
+                container: document.querySelector("#detail").getBoundingClientRect().width,
+                content: chart.clientWidth,
+                viewbox: chart.viewBox.baseVal.width,
+            };
+        }"""
+    )
+    return size
+
+
+def _fills_its_container(p: Any) -> bool:
+    """The chart spans at least 90% of the job's section, and its viewBox is its size in CSS pixels
+    (drawn for that width, not a small drawing scaled up: text stays at its size)."""
+    size = _chart_size(p)
+    return size["chart"] >= 0.9 * size["container"] and abs(size["viewbox"] - size["content"]) <= 1
 
 
 def _screenshot(p: Any, tmp_path: Path, name: str, readme: bool = False) -> None:
@@ -205,6 +240,12 @@ def test_the_page_and_its_files_are_open_and_strict_and_v1_is_not(served: Served
     # no inline script or style for the CSP to forbid: every script is a file
     assert all(not body.strip() for body in re.findall(r"<script[^>]*>(.*?)</script>", page.text, re.S))
     assert "<style" not in page.text and " style=" not in page.text
+    # a job's own address is the same page with the same headers (the page opens the job itself)
+    job_page = httpx.get(f"{url}/jobs/0123abcd4567")
+    assert job_page.status_code == 200 and job_page.content == page.content
+    assert {k: job_page.headers[k] for k in ("content-security-policy", "x-frame-options")} == {
+        k: page.headers[k] for k in ("content-security-policy", "x-frame-options")
+    }
 
     # every file the page and its modules name: open, typed, revalidated
     types = {
@@ -236,6 +277,8 @@ def test_the_page_and_its_files_are_open_and_strict_and_v1_is_not(served: Served
         "/dashboard",
         "/dashboard/index.html",
         "/dashboard/missing.js",
+        "/jobs/",
+        "/jobs/0123abcd4567/logs",
     ):
         conn.request("GET", raw)
         answer = conn.getresponse()
@@ -331,7 +374,7 @@ def test_a_running_job_is_followed_live_and_cancelled_from_the_page(
     p.click("#cancel")
     served.wait_status(job_id, "cancelled", 30)
     _until(lambda: _text(p, "#d-phase") == "cancelled", 10, "the page did not show the job cancelled")
-    assert p.locator("#cancel").is_disabled()
+    _until(lambda: not p.locator("#cancel").is_visible(), 10, "a cancelled job still offers to cancel")
     _until(
         lambda: "stopped" in _text(p, "#role-rows") and "running" not in _text(p, "#role-rows"), 10, "roles"
     )
@@ -349,6 +392,19 @@ def test_a_finished_job_shows_every_step_its_checkpoints_and_downloads_them(
     assert p.locator("#loss-chart circle.eval").count() == 1
     assert p.get_attribute("#loss-chart", "data-points") == "30"
     assert _text(p, "#d-step") == "30 / 30" and _text(p, "#d-phase") == "succeeded"
+    _until(lambda: _text(p, "#d-workers") == "1", 10, "the job's header")  # from the job, not its events
+    assert not p.locator("#cancel").is_visible()  # a finished job has nothing to cancel
+
+    # the chart names its axes, and takes the width there is, at this window's size and another
+    titles = p.eval_on_selector_all("#loss-chart text.title", "ts => ts.map(t => t.textContent)")
+    assert titles == ["step", "loss"]
+    assert _fills_its_container(p), _chart_size(p)
+    wide = _chart_size(p)["chart"]
+    p.set_viewport_size({"width": 800, "height": 1000})
+    _until(lambda: _chart_size(p)["chart"] < wide - 300 and _fills_its_container(p), 5, "no resize")
+    assert _drawn(p, "loss") == 30  # drawn again at the new size
+    p.set_viewport_size({"width": 1280, "height": 1000})
+    _until(lambda: _chart_size(p)["chart"] == wide, 5, "the chart did not grow back")
     _until(lambda: "step 30" in _text(p, "#log"), 10, "the log tail lacks the last step")
     _until(lambda: _text(p, "#checkpoints").count("step ") == 3, 10, "the checkpoints are not listed")
 
@@ -436,4 +492,40 @@ def test_filters_and_the_newer_fields_only_when_present(page: tuple[Any, Browsed
     p.fill("#label-filter", "dashboard")
     _until(lambda: "key=value" in _text(p, "#filter-message"), 5, "no word on a bad label filter")
     p.unroute_all(behavior="ignoreErrors")  # a poll in flight as the page closes is no failure
+    seen.check(served)
+
+
+def test_a_job_has_an_address_that_opens_it_and_back_and_forward_move_between_jobs(
+    page: tuple[Any, Browsed], served: Served
+) -> None:
+    p, seen = page
+    first = served.submit(2, {"dashboard": "address"})
+    second = served.submit(2, {"dashboard": "address"})
+    served.wait_status(second, "succeeded")
+    url = served.proc.url
+
+    # the address opens the page on the job, the token given alongside as usual
+    p.goto(f"{url}/jobs/{first}#token={TOKEN}")
+    _until(lambda: _shown(p, first), 10, f"the address did not open job {first}")
+    assert p.url == f"{url}/jobs/{first}"  # the token left, the job's address stayed
+    _until(lambda: _text(p, "#d-workers") == "1", 10, "the job's header")
+    assert _text(p, "#d-phase") == "succeeded" and not p.locator("#cancel").is_visible()
+
+    # choosing another job gives it its own address; back and forward move between them, then the list
+    p.click(f"#job-rows tr[data-id='{second}']")
+    assert p.url == f"{url}/jobs/{second}"
+    _until(lambda: _shown(p, second), 10, "the chosen job")
+    p.go_back()
+    assert p.url == f"{url}/jobs/{first}"
+    _until(lambda: _shown(p, first), 10, "back did not reopen the first job")
+    p.go_forward()
+    _until(lambda: _shown(p, second), 10, "forward did not reopen the second job")
+    p.reload()  # a bookmark, in effect: the token is kept for the tab
+    _until(lambda: _shown(p, second), 10, "the address did not survive a reload")
+
+    p.goto(f"{url}/")
+    _until(lambda: p.locator(f"#job-rows tr[data-id='{first}']").count() == 1, 5, "the list")
+    assert not p.locator("#detail").is_visible() and p.locator("#job-rows tr.selected").count() == 0
+    p.go_back()
+    _until(lambda: _shown(p, second), 10, "back to the job's address")
     seen.check(served)

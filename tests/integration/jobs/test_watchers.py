@@ -1,9 +1,10 @@
 """Many followers of running jobs, over the real REST server (uvicorn) and the real aio gRPC server on
 loopback, in front of a real JobService whose runners are fakes that block until the test releases them.
 
-What the issue asks: 200 ``WatchJob`` streams and 200 server-sent-event followers cost no thread each, and
-while they are open ``/healthz`` and a job submission over either API answer within a second; an event
-reaches every follower, and the job's end ends every stream. Event data is strict JSON over both APIs.
+What the service is sized for: 200 ``WatchJob`` streams and 200 server-sent-event followers cost no
+thread each, and while they are open ``/healthz`` and a job submission over either API answer within a
+second; an event reaches every follower, and the job's end ends every stream. Event data is strict JSON
+over both APIs.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 TOKEN = "watchers-token-0123456789"
 REST_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GRPC_AUTH = (("authorization", f"Bearer {TOKEN}"),)
-WATCHERS = 200  # per API: the issue's number
-RESPONSIVE_S = 1.0  # the issue's bound for /healthz and a submission while they are open
+WATCHERS = 200  # per API: the number of followers the service is sized for
+RESPONSIVE_S = 1.0  # the bound on /healthz and a submission while they are open
 
 
 def _strict(text: str) -> dict[str, Any]:

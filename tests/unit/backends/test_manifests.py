@@ -1,5 +1,5 @@
 """The Kubernetes objects of a job: valid against the official schemas, shaped as the plan says, and locked
-down (issue 10: credential from a Secret, a NetworkPolicy, item 7's pod settings, subPath-only data)."""
+down (the credential from a Secret, a NetworkPolicy, hardened pod settings, subPath-only data)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_addresses_are_the_pods_dns_names() -> None:
             assert a == f"{kind}-{i}.ws-j1.ml.svc.cluster.local:50051" and f"{kind}-{i}" in pods
 
 
-# -- issue 10: the role plane's credential, network isolation, pod hardening (item 7) ------------------------
+# -- the role plane's credential, network isolation, pod hardening -------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 4])

@@ -1,5 +1,5 @@
-"""The corpus and helpers the data-preprocess tests share: real prose (the README's paragraphs and our
-docstrings; nothing downloaded), the reference token stream, and readers of the output."""
+"""The corpus and helpers the data-preprocess tests share: real prose (the documentation pages' paragraphs
+and our docstrings; nothing downloaded), the reference token stream, and readers of the output."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ UNICODE_DOC = "Naïve café résumé: 東京とカフェ, emoji 🚀 and ß, wri
 
 
 def _paragraphs() -> list[str]:
-    """Real English prose: the README's paragraphs and our modules' docstrings."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")
-    paras = [p.strip() for p in readme if len(p.strip()) > 120 and not p.lstrip().startswith(("```", "|"))]
+    """Real English prose: the paragraphs of the documentation pages (docs/*.md in name order, so the corpus
+    is the same on every machine) and our modules' docstrings. Code blocks and tables are left out."""
+    paras = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        blocks = page.read_text(encoding="utf-8").split("\n\n")
+        paras += [
+            p.strip() for p in blocks if len(p.strip()) > 120 and not p.lstrip().startswith(("```", "|"))
+        ]
     for name in ("weightstream", "weightstream.data.processors", "weightstream.simulate", "weightstream.cli"):
         paras.append(importlib.import_module(name).__doc__.strip())
     return paras

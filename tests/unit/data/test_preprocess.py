@@ -1,5 +1,5 @@
 """``tokenizer-train`` and ``data-preprocess``: a byte-level BPE trained here, and a corpus of .txt, .jsonl
-and .jsonl.gz written here (paragraphs of the README and of our docstrings; nothing downloaded) turned into
+and .jsonl.gz written here (paragraphs of the docs pages and our docstrings; nothing downloaded) turned into
 ModelZoo-layout HDF5. The token stream is checked against the tokenizer run document by document, the
 packing against its definition, and every refusal for the file and line it names and for leaving nothing
 behind."""

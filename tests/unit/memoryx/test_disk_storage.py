@@ -85,7 +85,7 @@ def _tiny_job(tmp_path: Path, **runconfig: object) -> JobSpec:
 
 
 def test_the_role_builds_its_shard_on_disk_when_the_params_say_so(tmp_path: Path) -> None:
-    """The regression this issue was about: memoryx_storage: disk validated but never reaching the shard."""
+    """memoryx_storage: disk reaches the shard, not only the params validation."""
     shard = memoryx_service.build(_tiny_job(tmp_path, memoryx_storage="disk"))
     where = tmp_path / "model" / ".memoryx" / "shard_0"
     assert isinstance(shard.store, DiskStore) and shard.store.directory == where

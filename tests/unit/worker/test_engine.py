@@ -308,7 +308,7 @@ def test_streaming_holds_a_few_units_pipelined_holds_all() -> None:
     """Streaming bounds the weights alive whatever the depth; pipelined holds every unit.
 
     Two: the unit computing and the next, arriving. (The last unit of forward, kept for the first of
-    backward, used to stay referenced through all of backward: three.)"""
+    backward, must be let go once backward has used it, or three stay alive.)"""
     _, streaming = run_step()
     _, pipelined = run_step(pipelined=True)
     assert streaming.max_live == 2 < L

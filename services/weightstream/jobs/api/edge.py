@@ -7,8 +7,8 @@ middleware (not ``BaseHTTPMiddleware``, which buffers) in front of the app inste
 
 - a /v1 request needs ``Authorization: Bearer <token>``, checked from the headers in constant time and
   answered 401 before any body byte is received; the open routes (/healthz, /metrics, the OpenAPI
-  document and its pages, the dashboard's page at / and its files under /dashboard/, which hold no data
-  and read /v1 with the token the user gives them) need none;
+  document and its pages, the dashboard's page at / and /jobs/<id> and its files under /dashboard/,
+  which hold no data and read /v1 with the token the user gives them) need none;
 - a body is counted as it streams in: a declared ``Content-Length`` over the limit is answered 413 at
   once, and a body that passes the limit, however it is framed, is answered 413 as soon as it does,
   without reading the rest.

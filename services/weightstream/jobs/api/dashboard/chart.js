@@ -1,17 +1,29 @@
-// The loss chart: training loss (a line) and eval loss (a line with dots) by step, drawn as SVG into a
-// fixed viewBox that CSS scales to the page. No library: a few dozen lines, and nothing to vendor.
+// The loss chart: training loss (a line) and eval loss (a line with dots) by step, drawn as SVG. CSS
+// sizes the chart (the page's width); its viewBox follows that size in CSS pixels, so a wider window
+// gives more room to the lines, not larger text. No library: a few dozen lines, and nothing to vendor.
 
 const SVG = "http://www.w3.org/2000/svg";
 const MAX_DRAWN = 2000; // more points than pixels only costs time: longer runs are thinned to this many
-const PAD = { left: 56, right: 16, top: 14, bottom: 30 };
+const PAD = { left: 70, right: 16, top: 14, bottom: 44 }; // room for the ticks and the axis titles
 
 export class LossChart {
   constructor(svg) {
     this.svg = svg;
-    const box = svg.viewBox.baseVal;
+    const box = svg.viewBox.baseVal; // the page's default, until the chart is laid out
     this.width = box.width;
     this.height = box.height;
     this.reset();
+    new ResizeObserver(([entry]) => this.resize(entry.contentRect)).observe(svg);
+  }
+
+  // A new size from CSS (the window changed, or the chart was shown): the same pixels in the viewBox,
+  // then drawn again. A hidden chart measures 0 and keeps its last size.
+  resize({ width, height }) {
+    [width, height] = [Math.round(width), Math.round(height)];
+    if (!width || !height || (width === this.width && height === this.height)) return;
+    [this.width, this.height] = [width, height];
+    this.svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    this.draw();
   }
 
   reset() {
@@ -55,6 +67,9 @@ export class LossChart {
       this.text(x(t), this.height - PAD.bottom + 18, String(t), "tick x");
     }
     this.line(PAD.left, this.height - PAD.bottom, this.width - PAD.right, this.height - PAD.bottom, "axis");
+    const [midX, midY] = [(PAD.left + this.width - PAD.right) / 2, (PAD.top + this.height - PAD.bottom) / 2];
+    this.text(midX, this.height - 6, "step", "title x");
+    this.text(16, midY, "loss", "title y").setAttribute("transform", `rotate(-90 16 ${midY})`);
     this.polyline(thin(this.loss), x, y, "loss");
     this.polyline(this.evals, x, y, "eval");
     for (const [s, v] of this.evals) this.element("circle", { cx: x(s), cy: y(v), r: 3.5, class: "eval" });
@@ -70,7 +85,9 @@ export class LossChart {
   }
 
   text(x, y, content, cls) {
-    this.element("text", { x, y, class: cls }).textContent = content;
+    const node = this.element("text", { x, y, class: cls });
+    node.textContent = content;
+    return node;
   }
 
   element(tag, attributes) {

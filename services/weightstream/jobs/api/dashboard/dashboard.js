@@ -45,7 +45,27 @@ function showLogin(message) {
 function showApp() {
   $("login").hidden = true;
   $("app").hidden = $("forget").hidden = false;
+  route();
+}
+
+// ---- the address: / is the list, /jobs/<id> the list with that job open (the same page, served at both).
+// Opening a job pushes its address: one to share, and back and forward move between the jobs looked at.
+
+function jobInPath() {
+  const found = location.pathname.match(/^\/jobs\/([^/]+)$/);
+  return found ? decodeURIComponent(found[1]) : null;
+}
+
+function route() {
+  const id = jobInPath();
+  if (id === null) deselect();
+  else if (id !== selected?.id) select(id);
   poll();
+}
+
+function openJob(id) {
+  if (id !== jobInPath()) history.pushState(null, "", `/jobs/${encodeURIComponent(id)}`);
+  route();
 }
 
 // What every failed request comes to: a refused token asks for another, anything else is shown where
@@ -109,7 +129,7 @@ function renderJobs(jobs) {
       el("td", { class: "num", text: String(job.priority) }),
       el("td", { class: "user", text: job.user ?? "" }),
     );
-    row.addEventListener("click", () => select(job.id));
+    row.addEventListener("click", () => openJob(job.id));
     return row;
   });
   $("job-rows").replaceChildren(...rows);
@@ -144,6 +164,13 @@ function duration(seconds) {
 
 // ---- one job ----------------------------------------------------------------------------------------
 
+function deselect() {
+  if (selected) selected.stop.abort();
+  selected = null;
+  $("detail").hidden = true;
+  for (const row of $("job-rows").children) row.classList.remove("selected");
+}
+
 function select(id) {
   if (selected) selected.stop.abort();
   selected = {
@@ -163,12 +190,12 @@ function select(id) {
   $("checkpoints").replaceChildren();
   $("role-rows").replaceChildren();
   disarm();
+  $("cancel").hidden = true; // until the job is known to be unfinished
   chart.reset();
   $("detail").hidden = false;
   follow(selected);
   refreshLog(selected);
-  refreshCheckpoints(selected);
-  poll();
+  refreshCheckpoints(selected); // and the caller polls: the job's header comes with the list
 }
 
 function showJob(job) {
@@ -182,7 +209,7 @@ function showJob(job) {
   $("d-duration").textContent = duration(runSeconds(job, Date.now() / 1000));
   $("d-user-box").hidden = !job.user;
   $("d-user").textContent = job.user ?? "";
-  $("cancel").disabled = TERMINAL.has(job.status);
+  $("cancel").hidden = TERMINAL.has(job.status); // a finished job has nothing to cancel
 }
 
 // The job's events from the first, live until it ends; a dropped stream resumes after its last event.
@@ -246,7 +273,7 @@ function onEvent(job, { kind, data }) {
     if (data.status !== "running") for (const r of job.roles.values()) r.state = "stopped";
     if (data.status !== "running") $("d-eta").textContent = "—";
     if (TERMINAL.has(data.status)) {
-      $("cancel").disabled = true;
+      $("cancel").hidden = true;
       refreshLog(job); // the last lines, and the checkpoints retention left
       refreshCheckpoints(job);
     }
@@ -379,6 +406,7 @@ $("token-form").addEventListener("submit", (event) => {
 $("forget").addEventListener("click", () => (forgetToken(), showLogin("")));
 $("cancel").addEventListener("click", cancel);
 $("phase-filter").addEventListener("change", poll);
+window.addEventListener("popstate", () => token() && route());
 let typing = null;
 $("label-filter").addEventListener("input", () => (clearTimeout(typing), (typing = setTimeout(poll, 300))));
 

@@ -1,4 +1,6 @@
-"""``/`` and ``/dashboard/{name}``: the live web dashboard, plain files shipped in the package.
+"""``/``, ``/jobs/{job_id}`` and ``/dashboard/{name}``: the live web dashboard, plain files shipped in
+the package. ``/jobs/{job_id}`` is the same page, opened on that job: an address to share or bookmark
+(the page reads the id from its address; whether the job exists is for /v1, with the reader's token).
 
 The page and its scripts hold no data and no secret: the scripts read /v1 with the bearer token the user
 gives them, so these routes need none (``edge.is_protected`` covers /v1 only). What keeps them tight:
@@ -29,7 +31,7 @@ from weightstream.jobs.api.errors import ApiError
 
 __all__ = ["ASSETS", "CONTENT_SECURITY_POLICY", "PAGE", "Asset", "load_assets", "router"]
 
-PAGE = "index.html"  # served at / only
+PAGE = "index.html"  # served at / and /jobs/{job_id} only
 MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",  # ES modules: browsers refuse other types for them
@@ -90,9 +92,14 @@ def page(request: Request) -> Response:
     return _serve(request, PAGE, {**_EVERY_FILE, **_PAGE_ONLY})
 
 
+@router.get("/jobs/{job_id}")
+def job_page(request: Request, job_id: str) -> Response:
+    return page(request)
+
+
 @router.get("/dashboard/{name}")
 def asset(request: Request, name: str) -> Response:
-    if name == PAGE:  # one address per file: the page (and its headers) only at /
+    if name == PAGE:  # the page (and its headers) only at its own addresses
         raise ApiError(404, "not_found", f"no dashboard file {name!r}")
     return _serve(request, name, _EVERY_FILE)
 
