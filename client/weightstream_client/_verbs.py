@@ -240,7 +240,7 @@ def dashboard(
     url: Url = None,
 ) -> None:
     """Print the service's dashboard URL, with the API token; with JOB_ID, the job's own page
-    (``/jobs/<id>``, the URL to share: without the fragment it holds no token).
+    (/jobs/<id>, the URL to share: without the fragment it holds no token).
 
     The token is in the URL's fragment (#token=...): a browser never sends a fragment to the server, so
     the token stays out of its logs and of proxies'."""
