@@ -118,7 +118,7 @@ def validate(
     )
     done = finished_step(p)
     if done is not None:
-        out.print(f"note: run would have {escape(_nothing_to_do(p, done))}", highlight=False)
+        out.print(f"note: run would have {escape(_nothing_to_do(p, done))}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -191,7 +191,7 @@ def run(
     print_key_report(out, loaded.report, keys)
     done = finished_step(loaded.params)
     if done is not None:  # said at once: no role starts, no checkpoint loads
-        out.print(escape(_nothing_to_do(loaded.params, done)), highlight=False)
+        out.print(escape(_nothing_to_do(loaded.params, done)), highlight=False, soft_wrap=True)
         raise typer.Exit(0)
     raise typer.Exit(run_local(loaded.params, out, err))
 

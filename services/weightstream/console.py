@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,18 @@ def _step_line(e: dict[str, Any]) -> str:
     )
 
 
+@dataclass
+class _Committed:
+    step: int = 0  # the last step committed
+    checkpoint: int | None = None  # the step of the newest checkpoint, None while there is none
+
+
 def run_local(params: Params, out: Console, err: Console) -> int:
     """Run the job whose params ``training.preflight.run_checks`` has passed (its data, its size, its
     checkpoint); returns the process exit code (0 done, 1 failed, 130 interrupted)."""
     rc, cadence = params.runconfig, Cadence.of(params)
     model_dir = Path(rc.model_dir)
-    # what Ctrl-C would lose: the steps committed since the newest checkpoint (or since the start)
-    at = {"step": 0, "checkpoint": None}
+    at = _Committed()  # what Ctrl-C would lose: the steps committed since the newest checkpoint
     backend = LocalProcessBackend(model_dir / "logs")
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
@@ -79,9 +85,9 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         elif kind == "status" and e["status"] == "resuming":
             progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
             progress.update(task, completed=e["step"])
-            at.update(step=e["step"], checkpoint=e["step"])
+            at.step = at.checkpoint = e["step"]
         elif kind == "step":
-            at["step"] = e["step"]
+            at.step = e["step"]
             progress.update(
                 task, completed=e["step"], status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
             )
@@ -91,7 +97,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
             progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
         elif kind == "checkpoint":
             progress.console.print(f"step {e['step']:>6}  checkpoint {e['path']}")
-            at["checkpoint"] = e["step"]
+            at.checkpoint = e["step"]
         elif kind == "restart":
             progress.console.print(
                 f"step {e['step']:>6}  [yellow]restart {e['restarts']}/{e['max_role_restarts']}:[/yellow] "
@@ -116,7 +122,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         err.print(f"[red]job failed:[/red] {e}", soft_wrap=True, highlight=False)
         return 1
     except KeyboardInterrupt:
-        err.print(interrupted_message(params, at["step"], at["checkpoint"]), soft_wrap=True, highlight=False)
+        err.print(interrupted_message(params, at.step, at.checkpoint), soft_wrap=True, highlight=False)
         return 130
     if summary.steps_run == 0:
         out.print(
