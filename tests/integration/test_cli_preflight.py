@@ -4,7 +4,9 @@ refuses the other refuses with the same words; a finished run and an unreadable 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +84,30 @@ def test_the_key_report_is_short_unless_asked(tmp_path: Path) -> None:
     assert "trainer.init.model.hidden_size" not in short
     assert "trainer.init.model.hidden_size = 128" in weightstream("validate", str(f), "--keys", "all").stdout
     assert "keys used as written" not in weightstream("validate", str(f), "--keys", "none").stdout
+
+
+def test_ctrl_c_without_a_checkpoint_says_what_was_lost(tmp_path: Path) -> None:
+    p = yaml.safe_load((EXAMPLES / "gpt2_synthetic.yaml").read_text(encoding="utf-8"))
+    p["trainer"]["init"]["model_dir"] = str(tmp_path / "model_dir")
+    del p["trainer"]["init"]["checkpoint"]  # a checkpoint only at the end
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(p), encoding="utf-8")
+    exe = shutil.which("weightstream")
+    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+    proc = subprocess.Popen([*cmd, "run", str(f)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the first logged step: training is under way
+            if line.startswith("step     10"):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    m = re.search(r"interrupted at step (\d+): every role was stopped\. No checkpoint was written", err)
+    assert m and int(m.group(1)) >= 10, err  # the steps the run had committed
+    assert f"so the {m.group(1)} steps trained are lost; set checkpoint_steps" in err
+    assert "intact" not in err

@@ -26,9 +26,9 @@ def test_a_refused_required_key_does_not_hide_a_cross_check(small: dict[str, Any
 
 
 def test_a_check_that_speaks_of_a_refused_key_is_left_out(small: dict[str, Any]) -> None:
-    # the stand-in batch_size (1) is not divisible by num_csx 2: nothing is said of a value not written
+    # micro_batch_size 3 does not divide a shard of the stand-in batch_size (1): nothing is said of a
+    # batch the user did not write
     small["train_input"]["batch_size"] = "many"
-    small["runconfig"]["num_csx"] = 2
     small["train_input"]["micro_batch_size"] = 3
     assert [q.split(":")[0] for q in _problems(small)] == ["train_input.batch_size"]
 
