@@ -41,7 +41,7 @@ KeysOption = Annotated[
     typer.Option(
         "--keys",
         help="which keys of the params file to list: notable (all but those used plainly as written), "
-        "all (the full table) or none",
+        "all (every key) or none",
     ),
 ]
 
