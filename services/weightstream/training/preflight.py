@@ -19,7 +19,8 @@ from weightstream.checkpoint_layout import TRAINER_STATE, last_checkpoint
 from weightstream.data.check import data_problems, resolve_sequence_lengths
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.params import Params, Problem, model_def
-from weightstream.params.size import num_params
+from weightstream.params.schema import LanguageModelParams
+from weightstream.params.size import num_layers, num_params
 from weightstream.training.checkpoints import refuse_weights_only
 from weightstream.training.errors import JobFailed
 from weightstream.training.hf_start import check_start_checkpoint
@@ -63,22 +64,33 @@ def memory_problems(p: Params) -> list[Problem]:
         have, where = _physical_memory(), "memory of this machine"
     if need <= have:
         return []
+    # the key to change: the depth where one layer would fit, else the width (which every term grows with)
+    depth_key = "num_hidden_layers" if isinstance(p.model, LanguageModelParams) else "depth"
+    one_layer = num_params(p.model.model_copy(update={depth_key: 1})) * 4 * (2 + buffers)
+    key = depth_key if one_layer <= have and num_layers(p.model) > 1 else "hidden_size"
     return [
         Problem(
-            "model.hidden_size",
+            f"model.{key}",
             f"gives a model of {size_text(n)} parameters: {size_text(need, 'B')} of weights, gradients and "
             f"{optimizer} state in MemoryX ({4 * (2 + buffers)} bytes a parameter), more than the "
             f"{size_text(have, 'B')} of {where}; weightstream run starts every role on this machine",
-            p.model.hidden_size,
+            getattr(p.model, key),
         )
     ]
 
 
 def size_text(x: int, unit: str = "") -> str:
-    """A count as people read it: 123,456,789 below 1e12, 1.6e+25 beyond; bytes in KiB..TiB."""
+    """A count as people read it: 123,456,789 below 1e12, 1.6e+25 beyond; bytes in KiB..EiB."""
     if unit == "B":
-        for suffix, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if scale <= x < 2**10 * 2**40:
+        for suffix, scale in (
+            ("EiB", 2**60),
+            ("PiB", 2**50),
+            ("TiB", 2**40),
+            ("GiB", 2**30),
+            ("MiB", 2**20),
+            ("KiB", 2**10),
+        ):
+            if scale <= x < 2**70:
                 return f"{x / scale:.1f} {suffix}"
         return f"{x:,} bytes" if x < 2**10 else f"{x:.2g} bytes"
     return f"{x:,}" if x < 10**12 else f"{x:.2g}"

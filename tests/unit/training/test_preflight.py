@@ -119,3 +119,10 @@ def test_a_finished_run_is_recognised_from_its_newest_checkpoint(tmp_path: Path)
         }
     )
     assert finished_step(p) is None  # starts over
+
+
+def test_a_model_too_deep_names_its_depth(tmp_path: Path) -> None:
+    # one layer of this width fits anywhere: the number of layers is what to change
+    (problem,) = _problems(_small(tmp_path, num_hidden_layers=10**9))
+    assert problem.startswith("model.num_hidden_layers: gives a model of ")
+    assert problem.endswith("(got 1000000000)")
