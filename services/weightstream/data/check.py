@@ -13,6 +13,7 @@ from weightstream.params.schema import InputParams, LanguageModelParams
 __all__ = ["data_problems", "resolve_sequence_lengths"]
 
 _HDF5 = "GptHDF5MapDataProcessor"
+_FILES = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", _HDF5})
 SECTIONS = ("train_input", "eval_input")
 
 
@@ -54,6 +55,14 @@ def resolve_sequence_lengths(p: Params) -> tuple[Params, list[Problem]]:
     return (p.model_copy(update=updates) if updates else p), problems
 
 
+def _readable(inp: InputParams, p: Params) -> bool:
+    """Whether the keys a processor needs are there: a directory for the file readers, a sequence length
+    for a language model's."""
+    if inp.data_processor in _FILES and not inp.data_dir and inp.mixture is None:
+        return False
+    return not (isinstance(p.model, LanguageModelParams) and inp.max_sequence_length is None)
+
+
 def data_problems(
     p: Params, processors: frozenset[str] | None = None, skip: frozenset[str] = frozenset()
 ) -> list[Problem]:
@@ -66,6 +75,8 @@ def data_problems(
         if inp is None or sec in skip:
             continue
         if processors is not None and inp.data_processor not in processors:
+            continue
+        if not _readable(inp, p):  # params/checks.py names what is missing
             continue
         try:
             make_data_processor(inp, p.model, "train" if sec == "train_input" else "eval")

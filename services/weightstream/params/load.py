@@ -128,10 +128,10 @@ def read_params(
             problems += [q for q in later if q.path not in seen and not _names_any(q, failing)]
         raise ParamsError(relocate(problems, origin), source) from None
     problems += cross_check(parsed)
-    if resolve is not None:
-        # checks of what the keys name (files, sizes, checkpoints) need keys that are valid themselves
-        resolved, more = resolve(parsed) if not problems else (parsed, [])
-        parsed, problems = resolved, problems + more
+    if resolve is not None:  # what the keys name (files, sizes, checkpoints): reported with the rest
+        parsed, more = resolve(parsed)
+        seen = {q.path for q in problems}
+        problems += [q for q in more if q.path not in seen]
     if problems:
         raise ParamsError(relocate(problems, origin), source)
     return Loaded(parsed, key_report(raw, origin, reported, written, overrides), origin)

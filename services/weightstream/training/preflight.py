@@ -130,7 +130,11 @@ def _checkpoint_problems(p: Params) -> list[Problem]:
     if rc.checkpoint_path is None:
         return []
     try:
-        check_start_checkpoint(p, model_def(p), rc.checkpoint_path)
+        model = model_def(p)
+    except ValueError:  # a shape the params' own checks refuse, with its key: nothing to compare yet
+        return []
+    try:
+        check_start_checkpoint(p, model, rc.checkpoint_path)
     except StartCheckpointError as e:
         return [Problem("runconfig.checkpoint_path", str(e), rc.checkpoint_path)]
     return []

@@ -126,3 +126,24 @@ def test_a_model_too_deep_names_its_depth(tmp_path: Path) -> None:
     (problem,) = _problems(_small(tmp_path, num_hidden_layers=10**9))
     assert problem.startswith("model.num_hidden_layers: gives a model of ")
     assert problem.endswith("(got 1000000000)")
+
+
+def test_a_cross_section_problem_does_not_hide_the_data(tmp_path: Path) -> None:
+    raw = _small(tmp_path)
+    raw["train_input"] |= {"data_processor": "TextFileDataProcessor", "data_dir": str(tmp_path / "nope")}
+    raw["runconfig"]["num_csx"] = 3  # batch_size 8 cannot be split over 3 workers
+    assert [q.split(":")[0] for q in _problems(raw)] == ["train_input.batch_size", "train_input.data_dir"]
+
+
+def test_data_is_not_opened_without_the_keys_it_needs(tmp_path: Path) -> None:
+    raw = _small(tmp_path)
+    raw["train_input"] = {
+        "data_processor": "TextFileDataProcessor",
+        "data_dir": str(tmp_path),
+        "batch_size": 8,
+    }
+    raw["runconfig"]["max_steps"] = -1  # reported with the length left out, rather than a crash
+    assert [q.split(":")[0] for q in _problems(raw)] == [
+        "runconfig.max_steps",
+        "train_input.max_sequence_length",
+    ]
