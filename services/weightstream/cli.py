@@ -13,11 +13,11 @@ from rich.markup import escape
 
 from weightstream import __version__
 from weightstream import serve_options as limit
-from weightstream.config_cli import config_app, print_key_report
+from weightstream.config_cli import KeysOption, KeyView, config_app, print_key_report
 from weightstream.data import DataError
 from weightstream.data.cli import data_preprocess, tokenizer_train
 from weightstream.params import Loaded, Params, ParamsError, model_def, read_params
-from weightstream.params.layout import relocate
+from weightstream.params.load import Resolve
 from weightstream.params.sparsity import filter_selection
 from weightstream.role_cli import add_role_commands
 from weightstream.simulate.cli import simulate
@@ -43,24 +43,36 @@ CheckpointPath = Annotated[
 ]
 
 
-def _read(path: Path, **overrides: Any) -> Loaded:
+def _read(path: Path, checks: bool = False, **overrides: Any) -> Loaded:
     """The params file (either layout) validated, ``max_sequence_length`` of HDF5 inputs read from their
-    files where left out; exit 2 listing every problem."""
-    from weightstream.data.sequence_length import with_sequence_lengths
+    files where left out; with ``checks`` (validate and run: one code path), also everything a local run
+    checks before it starts any role (training/preflight.py). Exit 2 listing every problem."""
+    resolve: Resolve
+    if checks:
+        from weightstream.training.preflight import run_checks as resolve
+    else:
+        from weightstream.data.check import resolve_sequence_lengths as resolve
 
     try:
-        loaded = read_params(path, overrides={k: v for k, v in overrides.items() if v is not None})
-        try:
-            return Loaded(with_sequence_lengths(loaded.params), loaded.report, loaded.origin)
-        except ParamsError as e:  # named as the user wrote them
-            raise ParamsError(relocate(e.problems, loaded.origin), str(path)) from None
+        return read_params(
+            path, overrides={k: v for k, v in overrides.items() if v is not None}, resolve=resolve
+        )
     except ParamsError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
 def _load(path: Path, **overrides: Any) -> Params:
     return _read(path, **overrides).params
+
+
+def _nothing_to_do(p: Params, step: int) -> str:
+    rc = p.runconfig
+    return (
+        f"nothing to do: {rc.model_dir} already holds the checkpoint of step {step} (max_steps "
+        f"{rc.max_steps}). To train further, raise max_steps (e.g. --max_steps {step + rc.max_steps}); "
+        "to start over, use another model_dir"
+    )
 
 
 @app.callback(invoke_without_command=True)
@@ -73,22 +85,28 @@ def _main(
 
 
 @app.command()
-def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: CheckpointPath = None) -> None:
-    """Check a params file (and the checkpoint it starts from, if any) without running anything; exit 2
-    listing every problem."""
-    loaded = _read(params, num_csx=num_csx, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
-    p, model = loaded.params, model_def(loaded.params)
-    print_key_report(out, loaded.report)
-    if p.runconfig.checkpoint_path is not None:
-        from weightstream.hf_checkpoint import StartCheckpointError
-        from weightstream.training.hf_start import check_start_checkpoint
+def validate(
+    params: ParamsArg,
+    num_csx: NumCsx = None,
+    checkpoint_path: CheckpointPath = None,
+    keys: KeysOption = KeyView.notable,
+) -> None:
+    """Check a params file as `run` does before it starts anything (its data, its size, the checkpoint
+    it starts from) without running anything; exit 2 listing every problem."""
+    from weightstream.training.hf_start import check_start_checkpoint
+    from weightstream.training.preflight import finished_step, resume_checkpoint
 
-        try:
-            for note in check_start_checkpoint(p, model, p.runconfig.checkpoint_path):
-                out.print(note, highlight=False)
-        except StartCheckpointError as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+    loaded = _read(
+        params,
+        checks=True,
+        num_csx=num_csx,
+        checkpoint_path=str(checkpoint_path) if checkpoint_path else None,
+    )
+    p, model = loaded.params, model_def(loaded.params)
+    print_key_report(out, loaded.report, keys)
+    if p.runconfig.checkpoint_path is not None and resume_checkpoint(p) is None:  # checked: its notes
+        for note in check_start_checkpoint(p, model, p.runconfig.checkpoint_path):
+            out.print(note, highlight=False)
     for glob, tensors in filter_selection(p, model):  # which weights each sparsity filter made sparse
         kinds = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in tensors})
         line = f"sparsity.param_filter {glob!r}: {len(tensors)} tensors ({', '.join(kinds)})"
@@ -98,6 +116,9 @@ def validate(params: ParamsArg, num_csx: NumCsx = None, checkpoint_path: Checkpo
         f"{len(model.units)} streamable units, num_csx={p.runconfig.num_csx}, "
         f"max_steps={p.runconfig.max_steps}"
     )
+    done = finished_step(p)
+    if done is not None:
+        out.print(f"note: run would have {escape(_nothing_to_do(p, done))}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -152,18 +173,26 @@ def run(
     max_steps: MaxSteps = None,
     model_dir: ModelDir = None,
     checkpoint_path: CheckpointPath = None,
+    keys: KeysOption = KeyView.notable,
 ) -> None:
-    """Train on the appliance: every role a local process talking gRPC over loopback."""
+    """Train on the appliance: every role a local process talking gRPC over loopback. Everything
+    `validate` checks is checked first, before any role starts."""
     from weightstream.console import run_local  # keeps `--help` fast
+    from weightstream.training.preflight import finished_step
 
     loaded = _read(
         params,
+        checks=True,
         num_csx=num_csx,
         max_steps=max_steps,
         model_dir=str(model_dir) if model_dir else None,
         checkpoint_path=str(checkpoint_path.resolve()) if checkpoint_path else None,
     )
-    print_key_report(out, loaded.report)
+    print_key_report(out, loaded.report, keys)
+    done = finished_step(loaded.params)
+    if done is not None:  # said at once: no role starts, no checkpoint loads
+        out.print(escape(_nothing_to_do(loaded.params, done)), highlight=False, soft_wrap=True)
+        raise typer.Exit(0)
     raise typer.Exit(run_local(loaded.params, out, err))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,12 +10,13 @@ import typer
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.padding import Padding
+from rich.text import Text
 
-from weightstream.params import KeyUse, ParamsError, dump_params, load_params, parse_params
+from weightstream.params import KeyUse, ParamsError, dump_params, load_params, parse_params, read_params_text
 from weightstream.params.convert import to_trainer
 
-__all__ = ["config_app", "print_key_report"]
+__all__ = ["KeyView", "KeysOption", "config_app", "print_key_report"]
 
 config_app = typer.Typer(help="Params files: convert between ModelZoo's layouts.", no_args_is_help=True)
 _WIDTH = 48  # a value wider than this is cut (a data_dir list, an initializer mapping)
@@ -26,19 +28,57 @@ def _shown(value: Any) -> str:
     return text if len(text) <= _WIDTH else text[: _WIDTH - 1] + "…"
 
 
-def print_key_report(console: Console, report: list[KeyUse]) -> None:
-    """One table: every key the file sets, its value, and what weightstream does with it."""
-    table = Table(title="params: what weightstream does with each key", title_justify="left", expand=False)
-    table.add_column("key", overflow="fold")
-    table.add_column("value", overflow="fold")
-    table.add_column("weightstream", overflow="fold")
-    for use in report:
-        what = use.action + (f": {use.note}" if use.note else "")
-        style = "dim" if use.action == "not applicable" else None
-        table.add_row(escape(use.path), escape(_shown(use.value)), escape(what), style=style)
+class KeyView(StrEnum):
+    """Which keys ``validate`` and ``run`` list: those worth a look (default), every one, or none."""
+
+    notable = "notable"
+    all = "all"
+    none = "none"
+
+
+KeysOption = Annotated[
+    KeyView,
+    typer.Option(
+        "--keys",
+        help="which keys of the params file to list: notable (all but those used plainly as written), "
+        "all (every key) or none",
+    ),
+]
+
+
+def _plain(use: KeyUse) -> bool:
+    """Used as written, with nothing more to say: the rows a user need not read."""
+    return use.action == "used" and not use.note
+
+
+def print_key_report(console: Console, report: list[KeyUse], keys: KeyView = KeyView.notable) -> None:
+    """The keys the file sets, their values and what weightstream does with each: by default a one-line
+    summary and only the keys not plainly used as written (not applicable, converted, with a note)."""
+    if keys == KeyView.none:
+        return
     # a terminal gets its own width; a pipe or a log file one row per line, so grep finds a key whole
     wide = console if console.is_terminal else Console(file=console.file, width=220, highlight=False)
-    wide.print(table)
+    rows = report if keys == KeyView.all else [u for u in report if not _plain(u)]
+    if keys != KeyView.all:
+        plain = len(report) - len(rows)
+        line = f"params: {plain} key{'' if plain == 1 else 's'} used as written (--keys all lists them)"
+        line += f"; {len(rows)} worth a look:" if rows else ""
+        wide.print(line, highlight=False)
+        if not rows:
+            return
+    elif rows:
+        wide.print(
+            "params: every key; below it, what weightstream does where not simply used", highlight=False
+        )
+    # one key per line, never cut (a path cut in two is no longer greppable); what weightstream does with
+    # it on the lines below, indented and wrapped between words: a table's narrow columns at 100 columns
+    # would fold long key paths and notes mid-word
+    for use in rows:
+        style = "dim" if use.action == "not applicable" else ""
+        wide.print(Text(f"  {use.path} = {_shown(use.value)}", style=style, overflow="fold"))
+        if not _plain(use):
+            what = use.action + (f": {use.note}" if use.note else "")
+            wide.print(Padding(Text(what, style=style), (0, 0, 0, 6), expand=False))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -65,10 +105,7 @@ def convert(
     as `cszoo config convert` does; the result trains bitwise the same."""
     err = Console(stderr=True)
     try:
-        raw = parse_params(params.read_text(encoding="utf-8"), str(params))
-    except OSError as e:
-        err.print(f"[red]error:[/red] {escape(str(params))}: {e.strerror}")
-        raise typer.Exit(2) from None
+        raw = parse_params(read_params_text(params), str(params))
     except ParamsError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,11 @@ from rich.progress import (
 )
 
 from weightstream.backends.local import LocalProcessBackend
-from weightstream.data import DataError, make_data_processor
 from weightstream.params import Params
 from weightstream.training.cadence import Cadence
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
-__all__ = ["run_local", "step_progress", "train_reference"]
+__all__ = ["interrupted_message", "run_local", "step_progress", "train_reference"]
 
 
 REFRESH_PER_SECOND = 2.0
@@ -59,17 +59,18 @@ def _step_line(e: dict[str, Any]) -> str:
     )
 
 
+@dataclass
+class _Committed:
+    step: int = 0  # the last step committed
+    checkpoint: int | None = None  # the step of the newest checkpoint, None while there is none
+
+
 def run_local(params: Params, out: Console, err: Console) -> int:
-    """Run the job; returns the process exit code (0 done, 1 failed, 2 bad data, 130 interrupted)."""
+    """Run the job whose params ``training.preflight.run_checks`` has passed (its data, its size, its
+    checkpoint); returns the process exit code (0 done, 1 failed, 130 interrupted)."""
     rc, cadence = params.runconfig, Cadence.of(params)
-    try:  # the data is checked here, before any process starts
-        make_data_processor(params.train_input, params.model, "train")
-        if params.eval_input:
-            make_data_processor(params.eval_input, params.model, "eval")
-    except DataError as e:
-        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        return 2
     model_dir = Path(rc.model_dir)
+    at = _Committed()  # what Ctrl-C would lose: the steps committed since the newest checkpoint
     backend = LocalProcessBackend(model_dir / "logs")
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
@@ -84,7 +85,9 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         elif kind == "status" and e["status"] == "resuming":
             progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
             progress.update(task, completed=e["step"])
+            at.step = at.checkpoint = e["step"]
         elif kind == "step":
+            at.step = e["step"]
             progress.update(
                 task, completed=e["step"], status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
             )
@@ -94,6 +97,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
             progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
         elif kind == "checkpoint":
             progress.console.print(f"step {e['step']:>6}  checkpoint {e['path']}")
+            at.checkpoint = e["step"]
         elif kind == "restart":
             progress.console.print(
                 f"step {e['step']:>6}  [yellow]restart {e['restarts']}/{e['max_role_restarts']}:[/yellow] "
@@ -118,7 +122,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         err.print(f"[red]job failed:[/red] {e}", soft_wrap=True, highlight=False)
         return 1
     except KeyboardInterrupt:
-        err.print("interrupted: every role was stopped; checkpoints written so far are intact")
+        err.print(interrupted_message(params, at.step, at.checkpoint), soft_wrap=True, highlight=False)
         return 130
     if summary.steps_run == 0:
         out.print(
@@ -132,6 +136,30 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         f"checkpoint {summary.checkpoint}"
     )
     return 0
+
+
+def interrupted_message(params: Params, step: int, checkpoint: int | None) -> str:
+    """What Ctrl-C after ``step`` committed steps kept, given the newest checkpoint's step (None: there is
+    none), and how to lose less next time."""
+    rc = params.runconfig
+    how = (
+        "set checkpoint_steps (runconfig.checkpoint_steps, or trainer.init.checkpoint.steps) to write "
+        "checkpoints more often"
+    )
+    if checkpoint is None:
+        when = f"every {rc.checkpoint_steps} steps" if rc.checkpoint_steps else "only at the end"
+        return (
+            f"interrupted at step {step}: every role was stopped. No checkpoint was written (checkpoints "
+            f"come {when}), so the {step} steps trained are lost; {how}"
+        )
+    text = (
+        f"interrupted at step {step}: every role was stopped. The checkpoint of step {checkpoint} in "
+        f"{rc.model_dir} is intact: `weightstream run` again resumes from it"
+    )
+    lost = step - checkpoint
+    if lost:
+        text += f"; the {lost} step{'s' if lost != 1 else ''} after it are lost ({how})"
+    return text
 
 
 def train_reference(params: Params, out: Console, metrics: Path | None = None) -> None:

@@ -307,7 +307,7 @@ def _validate(path: Path) -> Any:
 def _trains(path: Path, model_dir: Path) -> dict[int, float]:
     r = run(path, model_dir, "--num_csx", "2")
     assert r.returncode == 0, r.stderr
-    assert "what weightstream does with each key" in r.stdout  # the key report opens the run
+    assert "keys used as written" in r.stdout  # the key report opens the run
     losses, evals = metrics(model_dir)
     assert sorted(losses) == list(range(1, STEPS + 1)) and STEPS in evals
     assert np.mean([losses[s] for s in range(STEPS - 2, STEPS + 1)]) < 0.9 * losses[1], losses

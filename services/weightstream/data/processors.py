@@ -35,7 +35,12 @@ ModelParams = LanguageModelParams | FCMLPModelParams
 
 
 class DataError(ValueError):
-    """Training data that cannot be used (missing files, bad token ids, too little data). Permanent."""
+    """Training data that cannot be used (missing files, bad token ids, too little data). Permanent.
+    ``key`` is the input section's key a user changes to fix it (``data_dir`` unless said otherwise)."""
+
+    def __init__(self, message: str, key: str = "data_dir") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class DataProcessor(ABC):
@@ -66,7 +71,8 @@ class DataProcessor(ABC):
         if n < self.batch_size:
             raise DataError(
                 f"drop_last leaves no batch: batch_size {self.batch_size} is more than the "
-                f"{n} samples of one epoch"
+                f"{n} samples of one epoch",
+                key="batch_size",
             )
         return n // self.batch_size
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import h5py
 
 from weightstream.data.processors import DataError, _files
-from weightstream.params import Params, ParamsError, Problem
-from weightstream.params.schema import InputParams, LanguageModelParams
+from weightstream.params import Params, ParamsError
+from weightstream.params.schema import InputParams
 
 __all__ = ["sequence_length", "with_sequence_lengths"]
 
@@ -36,28 +36,11 @@ def sequence_length(inp: InputParams) -> int:
 
 def with_sequence_lengths(p: Params) -> Params:
     """``p`` with every HDF5 input's ``max_sequence_length`` set from its files where it was left out.
-    ParamsError naming the input when the files cannot say, or say more than the model has positions."""
-    if not isinstance(p.model, LanguageModelParams):
-        return p
-    updates, problems = {}, []
-    for sec in ("train_input", "eval_input"):
-        inp = getattr(p, sec)
-        if inp is None or inp.data_processor != _HDF5 or inp.max_sequence_length is not None:
-            continue
-        try:
-            t = sequence_length(inp)
-        except DataError as e:
-            problems.append(Problem(f"{sec}.max_sequence_length", f"is left out and cannot be read: {e}"))
-            continue
-        if t > p.model.max_position_embeddings:
-            problems.append(
-                Problem(
-                    f"{sec}.max_sequence_length",
-                    f"is {t} in the files of data_dir, more than model.max_position_embeddings="
-                    f"{p.model.max_position_embeddings}",
-                )
-            )
-        updates[sec] = inp.model_copy(update={"max_sequence_length": t})
+    ParamsError at the input's data directory when the files cannot say, or at ``max_sequence_length``
+    when they say more than the model has positions (``data/check.py``)."""
+    from weightstream.data.check import resolve_sequence_lengths  # check.py builds on this module
+
+    p, problems = resolve_sequence_lengths(p)
     if problems:
         raise ParamsError(problems, "params")
-    return p.model_copy(update=updates) if updates else p
+    return p

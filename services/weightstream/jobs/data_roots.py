@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from weightstream.data import DataError, make_data_processor
+from weightstream.data.check import data_problems
 from weightstream.params import Params, ParamsError, Problem
 
 __all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_roots", "within"]
@@ -26,7 +26,7 @@ __all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_root
 # what the file data processors read from a data_dir (data/processors.py): the files whose links are checked
 _DATA_FILES = ("*.txt", "*.bin", "*.h5")
 _CHECKPOINT_FILES = ("*.safetensors", "*.json")  # what a starting checkpoint's directory is read for
-_FILE_PROCESSORS = ("TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor")
+_FILE_PROCESSORS = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor"})
 
 
 def default_data_root(data_dir: Path) -> Path:
@@ -120,14 +120,6 @@ def check_data(p: Params) -> None:
     """Open the data of file-based inputs as the job will (confined paths only: call ``confine_data``
     first), so a job with unreadable data is refused now rather than failing later. Synthetic and
     digits data need nothing: nothing is generated here."""
-    problems = []
-    for sec in ("train_input", "eval_input"):
-        inp = getattr(p, sec)
-        if inp is None or inp.data_processor not in _FILE_PROCESSORS:
-            continue
-        try:
-            make_data_processor(inp, p.model, "train" if sec == "train_input" else "eval")
-        except DataError as e:
-            problems.append(Problem(f"{sec}.data_dir", str(e)))
+    problems = data_problems(p, _FILE_PROCESSORS)
     if problems:
         raise ParamsError(problems, "params")

@@ -8,6 +8,7 @@ every unit's contribution, and it is *owned* (stored, optimised) once, by the fi
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ class ParamSpec:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        # Python integers: np.prod in int64 wraps around for an absurd shape and prints a wrong count
+        return math.prod(int(d) for d in self.shape)
 
 
 class Unit(Protocol):

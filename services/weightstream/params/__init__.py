@@ -10,6 +10,7 @@ from weightstream.params.load import (
     optimizer_config,
     parse_params,
     read_params,
+    read_params_text,
 )
 from weightstream.params.schema import Params
 
@@ -25,4 +26,5 @@ __all__ = [
     "optimizer_config",
     "parse_params",
     "read_params",
+    "read_params_text",
 ]

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from weightstream.params.checks import cross_check
@@ -35,6 +35,7 @@ from weightstream.params.schema import (
     SparsityParams,
 )
 from weightstream.params.sparsity_schema import LEVEL_TAGS, LEVEL_TYPES, UpdateParams
+from weightstream.params.text import parse_params, read_params_text
 from weightstream.params.trainer_layout import from_trainer
 
 __all__ = [
@@ -47,9 +48,10 @@ __all__ = [
     "optimizer_config",
     "parse_params",
     "read_params",
+    "read_params_text",
 ]
 
-_SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
+Resolve = Callable[[Params], tuple[Params, list[Problem]]]
 _MODELS: dict[str, type[BaseModel]] = {
     "gpt2": GPT2ModelParams,
     "gpt3": GPT2ModelParams,
@@ -57,27 +59,6 @@ _MODELS: dict[str, type[BaseModel]] = {
     "fc_mlp": FCMLPModelParams,
 }
 _MODEL_NAMES = ", ".join(repr(n) for n in _MODELS)
-
-
-def parse_params(text: str, source: str = "params") -> dict[str, Any]:
-    """YAML text -> a mapping (not yet validated)."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ParamsError([Problem("<file>", f"is not valid YAML: {e}")], source) from e
-    if not isinstance(raw, dict):
-        raise ParamsError(
-            [
-                Problem(
-                    "<file>",
-                    "must be a mapping: trainer: (ModelZoo 2.3 and later) or the sections "
-                    + ", ".join(_SECTIONS),
-                    type(raw).__name__,
-                )
-            ],
-            source,
-        )
-    return raw
 
 
 @dataclass(frozen=True)
@@ -105,17 +86,16 @@ def read_params(
     overrides: Mapping[str, Any] | None = None,
     source: str | None = None,
     override_label: str = "--{}",
+    resolve: Resolve | None = None,
 ) -> Loaded:
     """``load_params``, with the key report (``key_report.py``) and the origin map. An override is named
-    ``override_label.format(key)`` in problems and the report (a command-line flag by default)."""
+    ``override_label.format(key)`` in problems and the report (a command-line flag by default).
+    ``resolve`` (the checks a local run makes of what the keys name: ``training/preflight.py``) takes
+    the validated params and returns them completed, with its problems; they are reported with the
+    file's own, at the key paths the user wrote."""
     if isinstance(params, str | Path):
-        path = Path(params)
-        source = source or str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ParamsError([Problem("<file>", f"cannot be read: {e.strerror}", str(path))], source) from e
-        raw = parse_params(text, source)
+        source = source or str(params)
+        raw = parse_params(read_params_text(params), source)
     else:
         raw = copy.deepcopy(dict(params))
     source = source or "params"
@@ -139,20 +119,74 @@ def read_params(
     except ValidationError as e:
         errors = e.errors(include_url=False)
         problems += [_translate(err, raw) for err in errors]
-        # Also run the cross-section checks where possible (without the failing keys, which then take
-        # their defaults), so one run reports as much as it can instead of one problem per attempt.
-        try:
-            pruned = Params.model_validate(_without(raw, [list(err["loc"]) for err in errors]))
-        except ValidationError:
-            pruned = None
-        if pruned is not None:
+        # Also run the later checks where possible (without the failing keys, which then take their
+        # defaults or a stand-in), so one run reports as much as it can instead of one problem per
+        # attempt; a problem that names a failing key would speak of its stand-in, so it is left out.
+        stand_in = _with_stand_ins(raw, [list(err["loc"]) for err in errors])
+        if stand_in is not None:
+            failing = [_user_loc(err["loc"]) for err in errors]
             seen = {q.path for q in problems}
-            problems += [q for q in cross_check(pruned) if q.path not in seen]
+            later = cross_check(stand_in) + (resolve(stand_in)[1] if resolve else [])
+            problems += [q for q in later if q.path not in seen and not _names_any(q, failing)]
         raise ParamsError(relocate(problems, origin), source) from None
     problems += cross_check(parsed)
+    if resolve is not None:  # what the keys name (files, sizes, checkpoints): reported with the rest
+        parsed, more = resolve(parsed)
+        seen = {q.path for q in problems}
+        problems += [q for q in more if q.path not in seen]
     if problems:
         raise ParamsError(relocate(problems, origin), source)
     return Loaded(parsed, key_report(raw, origin, reported, written, overrides, also), origin)
+
+
+_STAND_INS: tuple[Any, ...] = (1, 1.0, True, "SyntheticDataProcessor", "x", [], {})
+
+
+def _with_stand_ins(raw: dict[str, Any], locs: list[list[Any]]) -> Params | None:
+    """``raw`` validated without the keys at ``locs``: an optional key takes its default, a required one
+    the first stand-in value its type accepts. None when that still does not validate."""
+    out = _without(raw, locs)
+    removed = [_user_loc(loc) for loc in locs]
+    for _ in range(len(removed) + 1):
+        try:
+            return Params.model_validate(out)
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+            missing = [_user_loc(x["loc"]) for x in errors if x["type"] == "missing"]
+            if len(missing) != len(errors) or any(loc not in removed for loc in missing):
+                return None
+            for loc in missing:
+                _set(out, loc, _stand_in(out, loc))
+    return None
+
+
+def _stand_in(raw: dict[str, Any], loc: list[Any]) -> Any:
+    for value in _STAND_INS:
+        trial = copy.deepcopy(raw)
+        _set(trial, loc, value)
+        try:
+            Params.model_validate(trial)
+            return value
+        except ValidationError as e:
+            if all(_user_loc(x["loc"])[: len(loc)] != loc for x in e.errors(include_url=False)):
+                return value
+    return None
+
+
+def _set(raw: dict[str, Any], loc: list[Any], value: Any) -> None:
+    node: Any = raw
+    for key in loc[:-1]:
+        node = node[key]
+    node[loc[-1]] = value
+
+
+def _names_any(problem: Problem, locs: list[list[Any]]) -> bool:
+    """Whether ``problem`` is at, or its message speaks of, one of the keys at ``locs``."""
+    for loc in locs:
+        path, leaf = _path(loc), str(loc[-1]) if loc else ""
+        if problem.path == path or (leaf and re.search(rf"\b{re.escape(leaf)}\b", problem.message)):
+            return True
+    return False
 
 
 def _mixed_precision(raw: dict[str, Any], origin: Origin, reported: list[KeyUse]) -> list[Problem]:

@@ -43,7 +43,12 @@ def test_left_out_length_is_read_from_the_files(tmp_path: Path) -> None:
 def test_too_long_or_unreadable_is_an_error_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ParamsError, match=r"train_input.max_sequence_length: is 128 in the files"):
         with_sequence_lengths(load_params(_params(_h5(tmp_path / "long", 128))))
-    with pytest.raises(ParamsError, match=r"train_input.max_sequence_length: is left out and cannot be read"):
+    # the directory is what is wrong, and what the user wrote: it is named, not the length left out
+    with pytest.raises(
+        ParamsError,
+        match=r"train_input.data_dir: data_dir '.*missing' is not a directory; "
+        r"GptHDF5MapDataProcessor reads \*.h5 files there",
+    ):
         with_sequence_lengths(load_params(_params(tmp_path / "missing")))
     (tmp_path / "bad").mkdir()
     with h5py.File(tmp_path / "bad" / "a.h5", "w") as f:

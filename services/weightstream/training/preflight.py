@@ -1,0 +1,160 @@
+"""What ``weightstream run`` checks before it starts any role. ``weightstream validate`` runs the very
+same function (``run_checks``), so a file that validates is one that run accepts, and both report every
+problem at once, each at the key path the user wrote (``params.read_params``'s ``resolve``).
+
+Checked here, beyond the params themselves: the data each input names (data/check.py), that MemoryX can
+hold the model's weights, gradients and optimizer state on this machine (``weightstream run`` starts
+every role here), and the checkpoint the run would start from. ``finished_step`` tells a run that has
+nothing left to do before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from weightstream.checkpoint_layout import TRAINER_STATE, last_checkpoint
+from weightstream.data.check import data_problems, resolve_sequence_lengths
+from weightstream.hf_checkpoint import StartCheckpointError
+from weightstream.params import Params, Problem, model_def
+from weightstream.params.schema import LanguageModelParams
+from weightstream.params.size import num_layers, num_params
+from weightstream.training.checkpoints import refuse_weights_only
+from weightstream.training.errors import JobFailed
+from weightstream.training.hf_start import check_start_checkpoint
+
+__all__ = ["finished_step", "memory_problems", "resume_checkpoint", "run_checks", "size_text"]
+
+
+def run_checks(p: Params) -> tuple[Params, list[Problem]]:
+    """``p`` completed (sequence lengths read from HDF5 files) and every problem a local run would meet
+    before its first step. Reads files; builds and allocates nothing of the model's size."""
+    p, problems = resolve_sequence_lengths(p)
+    unresolved = frozenset(q.path.split(".")[0] for q in problems)
+    problems += data_problems(p, skip=unresolved)
+    size = memory_problems(p)
+    problems += size
+    if not size:  # a model too large to hold is not built to compare it with a checkpoint
+        problems += _checkpoint_problems(p)
+    return p, problems
+
+
+def _optimizer_buffers(p: Params) -> tuple[int, str]:
+    """float32 state buffers per parameter of the optimizer, and its name."""
+    o = p.optimizer
+    if o.optimizer_type == "sgd":
+        return (1 if o.momentum else 0), "sgd"
+    return 2, o.optimizer_type
+
+
+def memory_problems(p: Params) -> list[Problem]:
+    """MemoryX keeps, per parameter, the float32 weight, the summed gradient and the optimizer's state, in
+    memory or (``memoryx_storage: disk``) in files under model_dir: more than this machine has is
+    refused by name, with the count (Python integers, from the params alone: nothing is built)."""
+    n = num_params(p.model)
+    buffers, optimizer = _optimizer_buffers(p)
+    need = n * 4 * (2 + buffers)
+    rc = p.runconfig
+    if rc.memoryx_storage == "disk":
+        have = _free_disk(Path(rc.model_dir))
+        where = f"free disk under {rc.model_dir} (memoryx_storage: disk)"
+    else:
+        have, where = _physical_memory(), "memory of this machine"
+    if need <= have:
+        return []
+    # the key to change: the depth where one layer would fit, else the width (which every term grows with)
+    depth_key = "num_hidden_layers" if isinstance(p.model, LanguageModelParams) else "depth"
+    one_layer = num_params(p.model.model_copy(update={depth_key: 1})) * 4 * (2 + buffers)
+    key = depth_key if one_layer <= have and num_layers(p.model) > 1 else "hidden_size"
+    return [
+        Problem(
+            f"model.{key}",
+            f"gives a model of {size_text(n)} parameters: {size_text(need, 'B')} of weights, gradients and "
+            f"{optimizer} state in MemoryX ({4 * (2 + buffers)} bytes a parameter), more than the "
+            f"{size_text(have, 'B')} of {where}; weightstream run starts every role on this machine",
+            getattr(p.model, key),
+        )
+    ]
+
+
+def size_text(x: int, unit: str = "") -> str:
+    """A count as people read it: 123,456,789 below 1e12, 1.6e+25 beyond; bytes in KiB..EiB."""
+    if unit == "B":
+        for suffix, scale in (
+            ("EiB", 2**60),
+            ("PiB", 2**50),
+            ("TiB", 2**40),
+            ("GiB", 2**30),
+            ("MiB", 2**20),
+            ("KiB", 2**10),
+        ):
+            if scale <= x < 2**70:
+                return f"{x / scale:.1f} {suffix}"
+        return f"{x:,} bytes" if x < 2**10 else f"{x:.2g} bytes"
+    return f"{x:,}" if x < 10**12 else f"{x:.2g}"
+
+
+def _physical_memory() -> int:
+    """Bytes of memory the roles can use: the machine's, or its container's limit when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def _free_disk(path: Path) -> int:
+    """Free bytes on the filesystem ``path`` is (or will be) on."""
+    for d in [path, *path.resolve().parents]:
+        if d.exists():
+            return shutil.disk_usage(d).free
+    return shutil.disk_usage("/").free
+
+
+def _checkpoint_problems(p: Params) -> list[Problem]:
+    """The checkpoint the run starts from: its own newest (it must hold optimizer state to resume), or
+    else the Hugging Face directory ``checkpoint_path`` names (it must fit the model)."""
+    rc = p.runconfig
+    resume = resume_checkpoint(p)
+    if resume is not None:
+        if finished_step(p) is not None:
+            return []  # nothing to resume: run says so at once
+        try:
+            refuse_weights_only(resume[1])
+        except JobFailed as e:
+            return [Problem("runconfig.model_dir", str(e), rc.model_dir)]
+        return []
+    if rc.checkpoint_path is None:
+        return []
+    try:
+        model = model_def(p)
+    except ValueError:  # a shape the params' own checks refuse, with its key: nothing to compare yet
+        return []
+    try:
+        check_start_checkpoint(p, model, rc.checkpoint_path)
+    except StartCheckpointError as e:
+        return [Problem("runconfig.checkpoint_path", str(e), rc.checkpoint_path)]
+    return []
+
+
+def resume_checkpoint(p: Params) -> tuple[int, Path] | None:
+    """(step, directory) of the checkpoint of model_dir a run resumes from, if it resumes."""
+    rc = p.runconfig
+    return last_checkpoint(Path(rc.model_dir)) if rc.autoload_last_checkpoint else None
+
+
+def finished_step(p: Params) -> int | None:
+    """The step of model_dir's newest checkpoint when it is at or past ``max_steps`` (the run has nothing
+    left to do), else None. Reads one small JSON file: no role starts for it."""
+    rc = p.runconfig
+    last = resume_checkpoint(p)
+    if last is None:
+        return None
+    try:
+        step = int(json.loads((last[1] / TRAINER_STATE).read_text(encoding="utf-8"))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        step = last[0]  # the directory's name says it too
+    return step if step >= rc.max_steps else None
