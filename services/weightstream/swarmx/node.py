@@ -31,6 +31,11 @@ _CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured
 
 
 class Upstream(Protocol):
+    # whether gradients in shared memory may go up as a header alone (``relay_grads``), and what reads
+    # what the upstream hands down (a data plane, transport/plane.py; opaque here)
+    shares_memory: bool
+    reader: Any
+
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterable[Unit]: ...
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
@@ -88,8 +93,18 @@ def sum_in_order(parts: list[Mapping[str, np.ndarray]]) -> Tensors:
 
 
 class SwarmNodeLogic:
-    def __init__(self, num_children: int, upstream: Upstream, timeout_s: float) -> None:
+    def __init__(
+        self,
+        num_children: int,
+        upstream: Upstream,
+        timeout_s: float,
+        children: Any = None,
+        bf16: bool = False,
+    ) -> None:
+        """``children``: the data plane children that share this node's memory call it on (None: none
+        may; transport/plane.py, opaque here). ``bf16``: float32 travels as bfloat16 in this job."""
         self.num_children, self.upstream, self.timeout_s = num_children, upstream, timeout_s
+        self.children, self.bf16 = children, bf16
         self._lock = threading.Lock()
         self._flights: dict[tuple[int, int, int], _Flight] = {}
         self._grads: dict[tuple[int, int], list[Mapping[str, np.ndarray] | None]] = {}
