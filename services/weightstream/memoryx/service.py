@@ -112,19 +112,18 @@ class MemoryXServicer:
 
     def __init__(self, host: RoleHost) -> None:
         self.host = host
-        self._shared: tuple[MemoryXShard, SharedMemoryPlane] | None = None
+        self._shared: tuple[MemoryXShard, SharedMemoryPlane | None] | None = None
 
     def _shard(self, context: grpc.ServicerContext) -> MemoryXShard:
         return self.host.logic(context)
 
     def _plane(self, shard: MemoryXShard, context: grpc.ServicerContext) -> DataPlane:
         """The data plane the caller chose for the pair (shared memory only where the job may use it)."""
-        tag = shm_tag(self.host.job)
         shared = self._shared
-        if tag is None:
-            return plane_of_call(None, None)
         if shared is None or shared[0] is not shard:  # one plane per shard logic: it holds the mappings
-            shared = self._shared = (shard, SharedMemoryPlane(tag, maps=shard.grad_maps))
+            tag = shm_tag(self.host.job)
+            plane = SharedMemoryPlane(tag, maps=shard.grad_maps) if tag is not None else None
+            shared = self._shared = (shard, plane)
         return plane_of_call(context.invocation_metadata(), shared[1])
 
     def GetTensors(self, request: pb.TensorRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
