@@ -28,7 +28,7 @@ from weightstream.transport.plane import (
 )
 from weightstream.transport.rpc import create_server
 from weightstream.transport.shm import job_tag
-from weightstream.transport.tensors import references_only
+from weightstream.transport.tensors import references_only, tensor_messages
 
 TOKEN = "p" * 64
 TAG = job_tag(TOKEN)
@@ -225,3 +225,21 @@ def test_a_relay_sends_shared_memory_on_inline_for_a_peer_on_the_network(rng) ->
     assert head is not None and head.step == 1
     for name, arr in w.items():
         assert_array_equal(out[name], arr)
+
+
+def test_a_relay_passes_inline_bytes_on_as_they_came_and_converts_only_shared_memory(rng) -> None:
+    """A stream of two segments, one in shared memory (a shard on this host) and one inline (a shard on
+    another): the inline segment's messages go on untouched, the other is made inline."""
+    shared = SharedMemoryPlane(TAG)
+    a = rng.standard_normal(64).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    with shared.arena.lease() as scratch:
+        by_reference = list(tensor_messages([("a", a)], shm=scratch))
+        in_stream = list(tensor_messages([("b", b)]))
+        out = list(inline(iter(by_reference + in_stream), shared, bf16=False))
+        # the very messages that came (no decoding, no copy), and a new one for the shared segment
+        assert all(x is y for x, y in zip(out[-len(in_stream) :], in_stream, strict=True))
+        assert out[0] != by_reference[0]
+        _, got = NetworkPlane().read(iter(out))
+    assert_array_equal(got["a"], a)
+    assert_array_equal(got["b"], b)

@@ -19,7 +19,7 @@ import numpy as np
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.shm import REFERENCES_ONLY, KeptScratch, SharedArena
 from weightstream.transport.shm_cache import MappingCache
-from weightstream.transport.tensors import NamedTensor, read_messages, tensor_messages
+from weightstream.transport.tensors import NamedTensor, names_shared_memory, read_messages, tensor_messages
 
 __all__ = [
     "NETWORK",
@@ -171,8 +171,13 @@ def plane_of_call(metadata: Iterable[tuple[str, Any]] | None, shared: DataPlane 
 
 
 def inline(messages: Iterable[bytes], reader: DataPlane, bf16: bool) -> Iterator[bytes]:
-    """A stream read through ``reader`` (which may name the sender's shared memory) made again with every
-    byte inline, for a peer on the network plane: what a relay sends on to another host. The tensors are
-    checked as they are read and checksummed anew as they are sent."""
-    head, tensors = reader.read(messages)
-    return tensor_messages(tensors.items(), head, bf16)
+    """A stream read through ``reader`` (which may name the sender's shared memory) with every byte inline,
+    for a peer on the network plane: what a relay sends on to another host. A segment naming shared memory
+    (one message) is read, its tensors checked, and sent again inline, checksummed anew; any other message
+    goes on as it came, as soon as it came."""
+    for message in messages:
+        if names_shared_memory(message):
+            head, tensors = reader.read((message,))
+            yield from tensor_messages(tensors.items(), head, bf16)
+        else:
+            yield message
