@@ -8,8 +8,9 @@ message goes down as soon as it has arrived, so a tree of depth d costs about on
 messages, not d whole units (store-and-forward, which `weightstream simulate` shows breaking scaling).
 Reduce: each child pushes its gradient of a unit; when all children have, they are summed in child
 order (never arrival order) and pushed upstream as one. A node with a single child has nothing to sum:
-on the shared-memory plane it passes the child's header on as it came (``relay_grads``), so the bytes are
-neither mapped nor checked here, only by MemoryX, end to end, as the weights are by the worker.
+where the child and the upstream both share its memory (transport/peers.py) it passes the child's header
+on as it came (``relay_grads``), so the bytes are neither mapped nor checked here, only by MemoryX, end to
+end, as the weights are by the worker.
 """
 
 from __future__ import annotations

@@ -28,9 +28,10 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.transport.errors import ProtocolError
 from weightstream.transport.plane import NETWORK, SHARED_MEMORY, DataPlane, NetworkPlane
+from weightstream.transport.rpc import call, open_channel
 from weightstream.transport.shm import SharedArena, attach, locate
 
-__all__ = ["MemfdProbe", "PlaneChoice", "can_map", "choose", "host_identity", "plane_for_peer"]
+__all__ = ["MemfdProbe", "PlaneChoice", "ask_peer", "can_map", "choose", "host_identity", "plane_for_peer"]
 
 log = logging.getLogger("weightstream.transport")
 
@@ -104,8 +105,6 @@ def choose(mine: str, peer: str, probe: Callable[[], bool]) -> PlaneChoice:
 
 def ask_peer(address: str, token: str) -> pb.HealthReply:
     """The peer's Health reply (host identity and probe location, given to callers with ``token``)."""
-    from weightstream.transport.rpc import call, open_channel  # rpc builds on this module's planes
-
     channel = open_channel(address, token)
     try:
         return call(address, "Health", rpc.ControlStub(channel).Health, pb.Empty(), timeout=PROBE_TIMEOUT_S)
