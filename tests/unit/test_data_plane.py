@@ -53,9 +53,9 @@ def test_same_host_whose_memfds_do_not_map_falls_back_to_the_network() -> None:
     assert choice.kind == NETWORK and choice.fallback and "cannot be mapped" in choice.reason
 
 
-def test_the_host_identity_names_the_pid_namespace() -> None:
+def test_the_host_identity_names_the_pid_namespace_and_the_user() -> None:
     ident = peers.host_identity()
-    assert ident.endswith("/" + str(os.stat("/proc/self/ns/pid").st_ino))
+    assert ident.endswith(f"/{os.stat('/proc/self/ns/pid').st_ino}/{os.getuid()}")
     assert ident == peers.host_identity()
 
 

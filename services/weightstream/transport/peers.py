@@ -11,7 +11,9 @@ why. The choice holds for the pair, in both directions, until the next configura
 
 Why these parts of the identity: a memfd is reached through ``/proc/<pid>/fd/<fd>``, so the peer must be
 in the same PID namespace (its inode), on the same running kernel (the boot id) and the same machine (the
-host name, for readers of the log).
+host name, for readers of the log); and the kernel lets a process open another's fds only as the same user
+(its uid; root could open anyone's, but not the other way round): with all four the same, a probe that
+maps one way maps the other, and the choice holds for both directions of the pair.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ def _read(path: str) -> str:
 
 
 def host_identity() -> str:
-    """``<host name>/<boot id>/<PID namespace inode>``: the same for two processes exactly when they are
-    on one host as far as shared memory goes (see the module's docstring)."""
+    """``<host name>/<boot id>/<PID namespace inode>/<user id>``: the same for two processes exactly when
+    they are on one host as far as shared memory goes (see the module's docstring)."""
     try:
         pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         pid_ns = "?"
-    return f"{socket.gethostname()}/{_read('/proc/sys/kernel/random/boot_id')}/{pid_ns}"
+    return f"{socket.gethostname()}/{_read('/proc/sys/kernel/random/boot_id')}/{pid_ns}/{os.getuid()}"
 
 
 class MemfdProbe:
