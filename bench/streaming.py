@@ -49,6 +49,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.training.reference import ReferenceTrainer
 from weightstream.transport.auth import new_role_token
+from weightstream.transport.plane import NETWORK, SHARED_MEMORY
 from weightstream.transport.rpc import OPTIONS, open_channel, tensors_out_client
 from weightstream.transport.shm import job_tag
 from weightstream.transport.tensors import read_messages
@@ -223,13 +224,16 @@ def broadcast_gbps(
                 pb.ConfigureRequest(job_json=job.to_json())
             )
         tag = job_tag(token) if shared_memory else None
+        plane = SHARED_MEMORY if shared_memory else NETWORK  # as a worker on this host says it reads
         model = model_def(params)
         names = list(model.units[1].param_names)
         nbytes = model.unit_bytes(1)
         mx = tensors_out_client(
-            open_channel(addrs["memoryx"][0], token), "MemoryX", "GetTensors", pb.TensorRequest
+            open_channel(addrs["memoryx"][0], token, plane=plane), "MemoryX", "GetTensors", pb.TensorRequest
         )
-        sx = tensors_out_client(open_channel(addrs["swarmx"][0], token), "SwarmX", "GetUnit", pb.UnitRequest)
+        sx = tensors_out_client(
+            open_channel(addrs["swarmx"][0], token, plane=plane), "SwarmX", "GetUnit", pb.UnitRequest
+        )
         t_mx, t_sx = [], []
         for i in range(repeats + 1):
             t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import weightstream  # noqa: F401  (first: it picks numpy's OpenBLAS kernels before numpy loads them)
@@ -38,3 +39,20 @@ def maps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(shm_module, "_map", counted)
     return made
+
+
+@pytest.fixture
+def peers_share_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every peer a role asks, when it is built, for its host (transport/peers.py) answers as a role on
+    this host whose memfds map: for tests that build roles whose peers' addresses point nowhere
+    (``tests.role_jobs``), on the shared-memory plane."""
+    import weightstream.transport.peers as peers
+    from tests.role_jobs import CREDENTIAL
+    from weightstream.proto import weightstream_pb2 as pb
+    from weightstream.transport.shm import job_tag
+
+    probe = peers.MemfdProbe(job_tag(CREDENTIAL))
+    reply = pb.HealthReply(host=probe.identity, probe_pid=probe.pid, probe_fd=probe.fd)
+    monkeypatch.setattr(peers, "ask_peer", lambda address, token: reply)
+    yield
+    probe.close()

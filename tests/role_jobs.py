@@ -1,6 +1,7 @@
 """A role's configuration for a TINY job on the shared-memory plane, as Configure gives it, every peer's
-address pointing nowhere: the tests that build a role this way replace the calls it makes, and call its
-servicer's methods directly with a ``DirectContext``."""
+address pointing nowhere: the tests that build a role this way replace the calls it makes (and, with the
+``peers_share_memory`` fixture, the question to each peer of where it runs), and call its servicer's
+methods directly with a ``DirectContext``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import grpc
 from tests.integration.appliance import TINY
 from weightstream.params import load_params
 from weightstream.plan import JobSpec, make_plan
+from weightstream.transport.plane import PLANE_METADATA, SHARED_MEMORY
 
 CREDENTIAL = "c" * 64
 NOWHERE = "127.0.0.1:1"  # nothing listens there
@@ -38,10 +40,14 @@ def tiny_role_job(tmp: Path, role: str, **runconfig: Any) -> JobSpec:
 
 
 class DirectContext:
-    """The servicer context of a call made without gRPC: generation 0, and an abort raises."""
+    """The servicer context of a call made without gRPC: generation 0, from a caller on the data ``plane``
+    (shared memory unless told), and an abort raises."""
+
+    def __init__(self, plane: str = SHARED_MEMORY) -> None:
+        self.plane = plane
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
-        return []  # generation 0
+        return [(PLANE_METADATA, self.plane)]  # generation 0
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise RuntimeError(f"{code.name}: {details}")

@@ -155,7 +155,8 @@ class JobSpec:
     # The role plane's token, for the calls this role makes to others. Never serialised: a role gets it
     # from its token file at start (``transport.auth``), not from the job it is sent.
     credential: str = field(default="", repr=False)
-    # Every role on one host (the local backend): tensor bytes travel in shared memory (transport/shm.py)
+    # Roles may exchange tensor bytes in shared memory, each pair where both are on one host
+    # (transport/peers.py); False: every byte goes over the network (``runconfig.data_plane: grpc``)
     shared_memory: bool = False
 
     def to_json(self) -> str:

@@ -30,6 +30,7 @@ from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
 from weightstream.transport.auth import RoleAuthInterceptor, has_credential
 from weightstream.transport.fencing import StaleGenerationError, check_generation, generation_of
+from weightstream.transport.peers import MemfdProbe
 from weightstream.transport.rpc import abort_on_error, create_server
 from weightstream.transport.shm import job_tag
 
@@ -47,7 +48,8 @@ EXIT_DEADLINE_S = 8.0
 
 
 def shm_tag(job: JobSpec | None) -> str | None:
-    """The tag of ``job``'s memfds when its roles exchange tensors in shared memory (transport/shm.py)."""
+    """The tag of ``job``'s memfds when its roles may exchange tensors in shared memory, each pair where
+    it can (transport/peers.py); None when every byte goes over the network."""
     return job_tag(job.credential) if job is not None and job.shared_memory and job.credential else None
 
 
@@ -69,8 +71,12 @@ class RoleHost:
         build: Callable[[JobSpec], Any],
         token: str,
         reconfigure: Reconfigure | None = None,
+        probe: MemfdProbe | None = None,
     ) -> None:
+        """``probe``: this process's host identity and the memfd peers map to learn whether they share
+        its memory (transport/peers.py); held from the start, so that a peer configured first finds it."""
         self.kind, self._build, self.token, self._reconfigure = kind, build, token, reconfigure
+        self.probe = probe
         self.job: JobSpec | None = None
         self._logic: Any = None
         self._lock = threading.Lock()  # one Configure at a time; logic and job change together
@@ -102,6 +108,8 @@ class RoleHost:
 
     def close(self) -> None:
         _close(self._logic)
+        if self.probe is not None:
+            self.probe.close()
 
 
 class ControlServicer(rpc.ControlServicer):
@@ -121,7 +129,12 @@ class ControlServicer(rpc.ControlServicer):
             index=job.index if job else -1,
             generation=job.generation if job else 0,
             state_step=getattr(logic, "step", -1) if self.host.kind == "memoryx" else -1,
+            **self._probe(),
         )
+
+    def _probe(self) -> dict[str, Any]:
+        probe = self.host.probe
+        return {} if probe is None else {"host": probe.identity, "probe_pid": probe.pid, "probe_fd": probe.fd}
 
     def Configure(self, request: pb.ConfigureRequest, context: grpc.ServicerContext) -> pb.Ack:
         try:
@@ -174,7 +187,7 @@ def serve_role(
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
     ``token`` is the job's role credential, required on every call but Health; ``exit_deadline_s``: how
     long the process may take to exit once told to stop before it ends itself."""
-    role = RoleHost(kind, build, token, reconfigure)
+    role = RoleHost(kind, build, token, reconfigure, MemfdProbe(job_tag(token)))
 
     def register(server: grpc.Server) -> None:
         rpc.add_ControlServicer_to_server(ControlServicer(role), server)

@@ -1,5 +1,6 @@
-"""Which data plane a run uses: co-located roles (the local backend) exchange tensors in shared memory
-unless told otherwise; that their results are bitwise those of the gRPC plane is in test_appliance."""
+"""Which data plane a run uses: roles on one host (the local backend) exchange tensors in shared memory,
+every pair of them, unless told otherwise; that their results are bitwise those of the network plane is
+in test_appliance."""
 
 from __future__ import annotations
 
@@ -46,8 +47,16 @@ def _role_memfds(tmp: Path, data_plane: str) -> dict[str, int]:
 def test_local_roles_share_memory_unless_told_not_to(tmp_path: Path, data_plane: str) -> None:
     seen = _role_memfds(tmp_path, data_plane)
     assert "memoryx" in seen, "never saw the MemoryX process"
+    logs = {f.stem: f.read_text() for f in (tmp_path / "run" / "logs").glob("*.log")}
     if data_plane == "auto":
         # MemoryX keeps every weight it holds in a memfd of its own (the tiny model: 2 shards, >= 2 each)
         assert seen["memoryx"] >= 2
+        # and each role that calls another chose shared memory for the pair, having mapped its probe
+        assert "data plane to swarmx-0 (127.0.0.1:" in logs["worker-0"]
+        for caller, peer in [("worker-0", "swarmx-0"), ("swarmx-0", "memoryx-0"), ("swarmx-0", "memoryx-1")]:
+            assert f"data plane to {peer} (" in logs[caller]
+            assert "network" not in logs[caller].split(f"data plane to {peer} (")[1].splitlines()[0]
     else:
-        assert seen == {k: 0 for k in seen}
+        # nothing in memfds but each role's probe (transport/peers.py), which no peer asks for
+        assert seen == {k: 1 for k in seen}
+        assert not any("data plane to" in text for text in logs.values())

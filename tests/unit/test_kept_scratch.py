@@ -18,10 +18,14 @@ from weightstream.plan import make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import shm_tag
 from weightstream.swarmx import service as swarmx_service
+from weightstream.transport.plane import SharedMemoryPlane
 from weightstream.transport.rpc import push_tensors
 from weightstream.transport.shm import KeptScratch, SharedArena, job_tag, locate
 from weightstream.transport.tensors import read_messages, tensor_messages
 from weightstream.worker import service as worker_service
+
+# roles built here ask peers that do not exist where they run: they answer "this host"
+pytestmark = pytest.mark.usefixtures("peers_share_memory")
 
 TAG = job_tag("k" * 64)
 
@@ -153,7 +157,7 @@ def test_workers_keep_gradient_memfds_only_over_the_memory_store_without_a_budge
     builds it."""
     job = tiny_role_job(tmp_path, "worker", memoryx_storage=storage, worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
-    kept = engine.units.kept
+    kept = engine.units.plane.kept
     assert (kept is not None) is keeps
     if kept is not None:
         assert kept.max_bytes >= 512 << 20  # a GPT-2 d768/L12's whole gradient (366 MB) fits
@@ -174,10 +178,9 @@ def test_workers_keep_gradient_memfds_only_over_the_memory_store_without_a_budge
 
 
 def test_push_tensors_places_each_units_gradients_in_its_kept_memfd() -> None:
-    """The workers' push (transport/rpc.py's push_tensors with ``kept``): step after step the receiver
-    maps the same memfd for a unit, and a different one for another unit."""
-    arena = SharedArena(TAG)
-    kept = KeptScratch(arena, 1 << 20)
+    """The workers' push (transport/rpc.py's push_tensors on a shared-memory plane that keeps memfds):
+    step after step the receiver maps the same memfd for a unit, and a different one for another unit."""
+    plane = SharedMemoryPlane(TAG, kept_bytes=1 << 20)
     seen: list[tuple[int, int, float]] = []
 
     def receiver(messages, timeout: float) -> None:  # what a SwarmX node's PushGradients reads
@@ -191,12 +194,12 @@ def test_push_tensors_places_each_units_gradients_in_its_kept_memfd() -> None:
         for unit in (0, 1):
             g = {"w": np.full((64,), step * 10.0 + unit, np.float32)}
             head = pb.StreamHead(step=step, unit=unit)
-            push_tensors("swarmx", receiver, g.items(), head, bf16=False, arena=arena, timeout=5.0, kept=kept)
+            push_tensors("swarmx", receiver, g.items(), head, plane=plane, bf16=False, timeout=5.0)
     memfds = {unit: {ino for u, ino, _ in seen if u == unit} for unit in (0, 1)}
     assert len(memfds[0]) == 1 and len(memfds[1]) == 1 and memfds[0] != memfds[1]
     assert [v for _, _, v in seen] == [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]
-    kept.close()
-    arena.close()
+    plane.close()
+    plane.arena.close()
 
 
 @pytest.mark.parametrize(("storage", "keeps"), [("memory", True), ("disk", False)])
@@ -209,7 +212,7 @@ def test_the_swarmx_root_keeps_a_memfd_per_unit_and_shard_for_its_sums(
     params = load_params(job.params)
     plan = make_plan(params)
     logic = swarmx_service.build(job)
-    assert (logic.upstream.kept is not None) is keeps
+    assert (logic.upstream.planes[0].kept is not None) is keeps
     received: list[tuple[int, float]] = []
 
     def receiver(messages, timeout: float) -> None:

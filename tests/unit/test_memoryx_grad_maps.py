@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.role_jobs import CREDENTIAL, DirectContext, tiny_role_job
 from weightstream.memoryx import service as memoryx_service
@@ -17,6 +18,9 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
 from weightstream.transport.shm import KeptScratch, SharedArena
 from weightstream.transport.tensors import tensor_messages
+
+# roles built here ask peers that do not exist where they run: they answer "this host"
+pytestmark = pytest.mark.usefixtures("peers_share_memory")
 
 
 def _memoryx(tmp_path: Path, **runconfig: Any) -> tuple[RoleHost, MemoryXShard]:

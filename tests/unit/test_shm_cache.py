@@ -18,6 +18,9 @@ from weightstream.transport.shm_cache import MappingCache
 from weightstream.transport.tensors import read_messages, tensor_messages
 from weightstream.worker import service as worker_service
 
+# roles built here ask peers that do not exist where they run: they answer "this host"
+pytestmark = pytest.mark.usefixtures("peers_share_memory")
+
 TAG = job_tag("m" * 64)
 
 
@@ -106,7 +109,7 @@ def test_workers_keep_weight_mappings_only_without_a_memory_budget(
     keeps none, so what it holds stays one unit or two, as the budget assumes."""
     job = tiny_role_job(tmp_path, "worker", worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
-    cache = engine.units.maps
+    cache = engine.units.plane.maps
     assert (cache is not None) is keeps
     if cache is not None:
         assert cache.capacity >= len(engine.model.specs)  # every weight's memfd stays mapped

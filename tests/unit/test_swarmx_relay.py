@@ -18,8 +18,12 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
 from weightstream.swarmx import service as swarmx_service
 from weightstream.transport.errors import ChecksumError, ProtocolError
+from weightstream.transport.plane import SharedMemoryPlane
 from weightstream.transport.shm import SharedArena, locate
 from weightstream.transport.tensors import read_messages, references_only, tensor_messages
+
+# roles built here ask peers that do not exist where they run: they answer "this host"
+pytestmark = pytest.mark.usefixtures("peers_share_memory")
 
 
 def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[int, list[bytes]]]:
@@ -162,7 +166,8 @@ def test_only_a_single_header_naming_shared_memory_is_passed_on_as_it_is() -> No
 
 
 def test_an_inner_node_passes_the_header_to_its_parent_as_its_own_child_slot() -> None:
-    up = swarmx_service.ParentUpstream("127.0.0.1:1", 3, 5.0, False, "swarmx-0", "c" * 64, 0)
+    plane = SharedMemoryPlane("t" * 24)
+    up = swarmx_service.ParentUpstream("127.0.0.1:1", 3, 5.0, False, "swarmx-0", "c" * 64, 0, plane)
     got: list[bytes] = []
     up.push = lambda messages, timeout: got.extend(messages)
     arena = SharedArena("t" * 24)

@@ -28,8 +28,8 @@ class RoleSpec:
 
 
 class Backend(Protocol):
-    # every role runs on this host, in this PID namespace, as this user: roles can map each other's
-    # memfds (the shared-memory data plane, transport/shm.py)
+    # every role runs on this host, in this PID namespace, as this user, so every pair of roles can share
+    # memory (transport/peers.py still checks each pair); False: ``data_plane: shared_memory`` is refused
     co_located: bool
 
     def start(self, roles: list[RoleSpec], credential: str) -> None:

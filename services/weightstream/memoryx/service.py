@@ -17,6 +17,7 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
 from weightstream.transport.fencing import generation_of
+from weightstream.transport.plane import SHARED_MEMORY, DataPlane, SharedMemoryPlane, plane_of_call
 from weightstream.transport.rpc import (
     abort_on_error,
     add_service,
@@ -25,8 +26,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     unary,
 )
-from weightstream.transport.shm import REFERENCES_ONLY, SharedArena
-from weightstream.transport.tensors import tensor_messages
+from weightstream.transport.shm import SharedArena
 
 __all__ = ["MemoryXServicer", "add_servicer", "build", "reconfigure"]
 
@@ -112,9 +112,19 @@ class MemoryXServicer:
 
     def __init__(self, host: RoleHost) -> None:
         self.host = host
+        self._shared: tuple[MemoryXShard, SharedMemoryPlane | None] | None = None
 
     def _shard(self, context: grpc.ServicerContext) -> MemoryXShard:
         return self.host.logic(context)
+
+    def _plane(self, shard: MemoryXShard, context: grpc.ServicerContext) -> DataPlane:
+        """The data plane the caller chose for the pair (shared memory only where the job may use it)."""
+        shared = self._shared
+        if shared is None or shared[0] is not shard:  # one plane per shard logic: it holds the mappings
+            tag = shm_tag(self.host.job)
+            plane = SharedMemoryPlane(tag, maps=shard.grad_maps) if tag is not None else None
+            shared = self._shared = (shard, plane)
+        return plane_of_call(context.invocation_metadata(), shared[1])
 
     def GetTensors(self, request: pb.TensorRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         shard = self._shard(context)
@@ -122,22 +132,22 @@ class MemoryXServicer:
             tensors = shard.tensors(request.step, list(request.names))
             bf16 = self.host.job is not None and self.host.job.params["model"].get("fp16_type") == "bfloat16"
             sums = None if bf16 else shard.checksums(tensors)
+            plane = self._plane(shard, context)
             # weights in memfds travel by reference; bfloat16 needs a converted copy: over gRPC then
-            shm = REFERENCES_ONLY if shard.shares_weights and not bf16 else None
+            if plane.kind == SHARED_MEMORY and not (shard.shares_weights and not bf16):
+                plane = plane_of_call(None, None)
         except Exception as e:
             abort_on_error(context, e)
-        yield from tensor_messages(tensors, bf16=bf16, checksums=sums, shm=shm)
+        yield from plane.stream(tensors, bf16=bf16, checksums=sums)
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
         gen = generation_of(context.invocation_metadata())
-        tag = shm_tag(self.host.job)
         return receive_tensors(
             context,
             request_iterator,
             lambda h, g: shard.add_gradient(h.step, h.unit, g, gen),
-            tag,
-            shard.grad_maps,
+            self._plane(shard, context),
         )
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:

@@ -151,8 +151,10 @@ class RunConfig(Section):
     )
     data_plane: Literal["auto", "grpc", "shared_memory"] = Field(
         "auto",
-        description="how tensor bytes travel between roles: shared_memory (memfds; only the header over "
-        "gRPC) needs every role on one host; auto: shared_memory with the local backend, grpc on Kubernetes",
+        description="how tensor bytes travel between roles: auto: each pair of roles in shared memory "
+        "(memfds; only the header over gRPC) where both are on one host and can map each other's memfds, "
+        "over gRPC otherwise; grpc: every byte over gRPC; shared_memory: as auto, and refused on a backend "
+        "that never places roles on one host",
     )
     memoryx_dir: str | None = Field(
         None, description="where memoryx_storage: disk keeps its files; null: model_dir/.memoryx"

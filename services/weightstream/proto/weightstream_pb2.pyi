@@ -66,20 +66,26 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("role", "pid", "configured", "index", "generation", "state_step")
+    __slots__ = ("role", "pid", "configured", "index", "generation", "state_step", "host", "probe_pid", "probe_fd")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_STEP_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FD_FIELD_NUMBER: _ClassVar[int]
     role: str
     pid: int
     configured: bool
     index: int
     generation: int
     state_step: int
-    def __init__(self, role: _Optional[str] = ..., pid: _Optional[int] = ..., configured: _Optional[bool] = ..., index: _Optional[int] = ..., generation: _Optional[int] = ..., state_step: _Optional[int] = ...) -> None: ...
+    host: str
+    probe_pid: int
+    probe_fd: int
+    def __init__(self, role: _Optional[str] = ..., pid: _Optional[int] = ..., configured: _Optional[bool] = ..., index: _Optional[int] = ..., generation: _Optional[int] = ..., state_step: _Optional[int] = ..., host: _Optional[str] = ..., probe_pid: _Optional[int] = ..., probe_fd: _Optional[int] = ...) -> None: ...
 
 class ConfigureRequest(_message.Message):
     __slots__ = ("job_json",)

@@ -8,8 +8,9 @@ message goes down as soon as it has arrived, so a tree of depth d costs about on
 messages, not d whole units (store-and-forward, which `weightstream simulate` shows breaking scaling).
 Reduce: each child pushes its gradient of a unit; when all children have, they are summed in child
 order (never arrival order) and pushed upstream as one. A node with a single child has nothing to sum:
-on the shared-memory plane it passes the child's header on as it came (``relay_grads``), so the bytes are
-neither mapped nor checked here, only by MemoryX, end to end, as the weights are by the worker.
+where the child and the upstream both share its memory (transport/peers.py) it passes the child's header
+on as it came (``relay_grads``), so the bytes are neither mapped nor checked here, only by MemoryX, end to
+end, as the weights are by the worker.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ _CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured
 
 
 class Upstream(Protocol):
+    # whether gradients in shared memory may go up as a header alone (``relay_grads``), and what reads
+    # what the upstream hands down (a data plane, transport/plane.py; opaque here)
+    shares_memory: bool
+    reader: Any
+
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterable[Unit]: ...
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None: ...
@@ -88,8 +94,18 @@ def sum_in_order(parts: list[Mapping[str, np.ndarray]]) -> Tensors:
 
 
 class SwarmNodeLogic:
-    def __init__(self, num_children: int, upstream: Upstream, timeout_s: float) -> None:
+    def __init__(
+        self,
+        num_children: int,
+        upstream: Upstream,
+        timeout_s: float,
+        children: Any = None,
+        bf16: bool = False,
+    ) -> None:
+        """``children``: the data plane children that share this node's memory call it on (None: none
+        may; transport/plane.py, opaque here). ``bf16``: float32 travels as bfloat16 in this job."""
         self.num_children, self.upstream, self.timeout_s = num_children, upstream, timeout_s
+        self.children, self.bf16 = children, bf16
         self._lock = threading.Lock()
         self._flights: dict[tuple[int, int, int], _Flight] = {}
         self._grads: dict[tuple[int, int], list[Mapping[str, np.ndarray] | None]] = {}

@@ -14,6 +14,8 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
 from weightstream.swarmx.node import SwarmNodeLogic, Tensors
+from weightstream.transport.peers import plane_for_peer
+from weightstream.transport.plane import SHARED_MEMORY, DataPlane, SharedMemoryPlane, inline, plane_of_call
 from weightstream.transport.rpc import (
     abort_on_error,
     add_service,
@@ -28,7 +30,7 @@ from weightstream.transport.rpc import (
     tensors_out,
     tensors_out_client,
 )
-from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
+from weightstream.transport.shm import KEPT_GRADIENT_BYTES
 from weightstream.transport.tensors import references_only
 
 __all__ = ["MemoryXUpstream", "ParentUpstream", "SwarmXServicer", "add_servicer", "build"]
@@ -46,16 +48,14 @@ class MemoryXUpstream:
         bf16: bool,
         token: str,
         generation: int,
-        arena: SharedArena | None = None,
-        kept_bytes: int = 0,
+        planes: list[DataPlane],
     ) -> None:
-        """``kept_bytes``: gradient memfds to keep from step to step on the shared-memory plane, for the
-        sums this root sends MemoryX (``KEPT_GRADIENT_BYTES``; a single child's gradients go up by
-        reference and need none)."""
+        """``planes``: the data plane to each shard (transport/peers.py)."""
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
-        self.addresses, self.arena = addresses, arena
-        self.kept = KeptScratch(arena, kept_bytes) if arena is not None and kept_bytes else None
-        channels = [open_channel(a, token, generation) for a in addresses]
+        self.addresses, self.planes = addresses, planes
+        channels = [
+            open_channel(a, token, generation, p.kind) for a, p in zip(addresses, planes, strict=True)
+        ]
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
         ]
@@ -97,14 +97,24 @@ class MemoryXUpstream:
                 self.push[shard],
                 [(n, grads[n]) for n in shard_names],
                 pb.StreamHead(step=step, unit=unit),
+                plane=self.planes[shard],
                 bf16=self.bf16,
-                arena=self.arena,
                 timeout=self.timeout_s,
-                kept=self.kept,
-                kept_key=(unit, shard),  # the shards' pushes of one unit run at once
+                key=(unit, shard),  # the shards' pushes of one unit run at once
             )
 
         list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether every shard is on this node's shared-memory plane: gradients in shared memory may then
+        go up as a header alone (``relay_grads``)."""
+        return all(p.kind == SHARED_MEMORY for p in self.planes)
+
+    @property
+    def reader(self) -> DataPlane:
+        """A plane that reads what the shards send: shared memory where any shard sends by reference."""
+        return next((p for p in self.planes if p.kind == SHARED_MEMORY), self.planes[0])
 
     def relay_grads(self, step: int, unit: int, header: pb.TensorSetHeader) -> None:
         """Gradients in shared memory to the shards that own them: each shard gets a header naming its
@@ -160,10 +170,11 @@ class ParentUpstream:
         name: str,
         token: str,
         generation: int,
-        arena: SharedArena | None = None,
+        plane: DataPlane,
     ) -> None:
-        self.arena = arena
-        channel = open_channel(address, token, generation)
+        self.plane = self.reader = plane
+        self.shares_memory = plane.kind == SHARED_MEMORY
+        channel = open_channel(address, token, generation, plane.kind)
         self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self.push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.slot, self.timeout_s, self.bf16, self.peer = slot, timeout_s, bf16, f"{name} ({address})"
@@ -180,8 +191,8 @@ class ParentUpstream:
             self.push,
             grads.items(),
             head,
+            plane=self.plane,
             bf16=self.bf16,
-            arena=self.arena,
             timeout=self.timeout_s,
         )
 
@@ -197,31 +208,48 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     node = plan.swarm[job.index]
     timeout, bf16 = params.runconfig.rpc_timeout_s, params.model.fp16_type == "bfloat16"
     tag = shm_tag(job)
-    arena = SharedArena(tag) if tag is not None else None  # scratch for gradients going up
+    shared: list[SharedMemoryPlane] = []  # made once, for the first peer that shares this node's memory
+
+    def plane(kept_bytes: int) -> SharedMemoryPlane:
+        if not shared:
+            assert tag is not None, "a shared-memory plane is chosen only where the job has a memfd tag"
+            shared.append(SharedMemoryPlane(tag, kept_bytes=kept_bytes))
+        return shared[0]
+
     if node.parent is None:
+        # kept memfds for the sums this root sends MemoryX (``KEPT_GRADIENT_BYTES``; a single child's
+        # gradients go up by reference and need none)
+        kept = KEPT_GRADIENT_BYTES[params.runconfig.memoryx_storage]
+        addresses = job.addresses["memoryx"]
         upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
             model_def(params),
             plan,
-            job.addresses["memoryx"],
+            addresses,
             timeout,
             bf16,
             job.credential,
             job.generation,
-            arena,
-            KEPT_GRADIENT_BYTES[params.runconfig.memoryx_storage],
+            [
+                plane_for_peer(f"memoryx-{i}", a, job.credential, tag, lambda: plane(kept))
+                for i, a in enumerate(addresses)
+            ],
         )
     else:  # its parent sums what it receives into memory of its own: kept memfds would be extra memory
+        address, name = job.addresses["swarmx"][node.parent], f"swarmx-{node.parent}"
         upstream = ParentUpstream(
-            job.addresses["swarmx"][node.parent],
+            address,
             plan.child_slot("swarmx", job.index),
             timeout,
             bf16,
-            f"swarmx-{node.parent}",
+            name,
             job.credential,
             job.generation,
-            arena,
+            plane_for_peer(name, address, job.credential, tag, lambda: plane(0)),
         )
-    return SwarmNodeLogic(len(node.children), upstream, timeout)
+    # children that share this node's memory push to it in memfds: read with a plane of its own if no
+    # upstream shares it too
+    children = shared[0] if shared else SharedMemoryPlane(tag) if tag is not None else None
+    return SwarmNodeLogic(len(node.children), upstream, timeout, children, bf16)
 
 
 class SwarmXServicer:
@@ -232,16 +260,23 @@ class SwarmXServicer:
 
     def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         node: SwarmNodeLogic = self.host.logic(context)
+        child = plane_of_call(context.invocation_metadata(), node.children)
+        upstream = node.upstream
         try:
-            # relayed as received, each message as soon as it is here
-            yield from node.get_unit(request.step, request.unit, request.phase)
+            # relayed as received, each message as soon as it is here; to a child on the network while
+            # the upstream shares this node's memory, the bytes are read out of it and sent inline
+            messages = node.get_unit(request.step, request.unit, request.phase)
+            if child.kind != SHARED_MEMORY and upstream.reader.kind == SHARED_MEMORY:
+                messages = inline(messages, upstream.reader, node.bf16)
+            yield from messages
         except Exception as e:
             abort_on_error(context, e)
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         node: SwarmNodeLogic = self.host.logic(context)
-        tag = shm_tag(self.host.job)
-        if tag is not None and node.num_children == 1:  # nothing to sum: pass shared memory on untouched
+        child = plane_of_call(context.invocation_metadata(), node.children)
+        if child.kind == SHARED_MEMORY and node.upstream.shares_memory and node.num_children == 1:
+            # nothing to sum and shared memory on both sides: pass the header on untouched
             try:
                 messages = list(request_iterator)  # on this plane: one message, the header
                 relayed = references_only(messages)
@@ -253,7 +288,7 @@ class SwarmXServicer:
                 abort_on_error(context, e)
             request_iterator = iter(messages)
         return receive_tensors(
-            context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g), tag
+            context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g), child
         )
 
 

@@ -27,14 +27,16 @@ T = TypeVar("T")
 
 
 def uses_shared_memory(data_plane: str, backend: Backend) -> bool:
-    """Whether roles exchange tensors in shared memory (``runconfig.data_plane``; transport/shm.py)."""
-    co_located = getattr(backend, "co_located", False)
-    if data_plane == "shared_memory" and not co_located:
+    """Whether roles may exchange tensors in shared memory (``runconfig.data_plane``): each pair of roles
+    then uses it where both are on one host and can map each other's memfds, the network otherwise
+    (transport/peers.py). ``grpc`` keeps every byte on the network; ``shared_memory`` is refused up front
+    on a backend that never places two roles on one host."""
+    if data_plane == "shared_memory" and not getattr(backend, "co_located", False):
         raise JobFailed(
             "runconfig.data_plane: shared_memory needs every role on one host (the local backend); "
             "use auto or grpc"
         )
-    return data_plane == "shared_memory" or (data_plane == "auto" and co_located)
+    return data_plane != "grpc"
 
 
 class RolePlane:

@@ -15,9 +15,8 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError, RoleClosedError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
-from weightstream.transport.shm import KeptScratch, SharedArena, scratch
-from weightstream.transport.shm_cache import MappingCache
-from weightstream.transport.tensors import NamedTensor, header_message, read_messages, tensor_messages
+from weightstream.transport.plane import NETWORK, PLANE_METADATA, DataPlane
+from weightstream.transport.tensors import NamedTensor, header_message
 
 __all__ = [
     "OPTIONS",
@@ -75,10 +74,11 @@ def create_server(
     return server, port
 
 
-def open_channel(address: str, token: str, generation: int = 0) -> grpc.Channel:
-    """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``) and the
-    ``generation`` of the configuration that opened it (see ``transport.fencing``)."""
-    extra = ((GENERATION_METADATA, str(generation)),)
+def open_channel(address: str, token: str, generation: int = 0, plane: str = NETWORK) -> grpc.Channel:
+    """A channel to a role whose every call carries the job's ``token`` (see ``transport.auth``), the
+    ``generation`` of the configuration that opened it (see ``transport.fencing``) and the data ``plane``
+    chosen for the pair (``transport.plane``: the role called answers and reads on it)."""
+    extra = ((GENERATION_METADATA, str(generation)), (PLANE_METADATA, plane))
     # A subchannel pool of its own: gRPC otherwise shares one connection per address among a process's
     # channels, with its reconnect backoff. A role replaced at the same address (a Kubernetes pod keeps
     # its DNS name) would then fail the calls of the channels opened for it, fast, with the dead one's
@@ -120,21 +120,18 @@ def push_tensors(
     tensors: Iterable[NamedTensor],
     head: pb.StreamHead,
     *,
+    plane: DataPlane,
     bf16: bool,
-    arena: SharedArena | None,
     timeout: float,
-    kept: KeptScratch | None = None,
-    kept_key: object = None,
+    key: object = None,
 ) -> None:
-    """Push ``tensors`` as one stream opening with ``head`` (gradients to SwarmX or MemoryX). With
-    ``arena`` (the shared-memory plane) only the header travels; what had to be copied into memfds for it
-    is closed once the call has returned, when the receiver has mapped it. With ``kept`` (on that plane)
-    the copy goes into the buffer ``kept`` keeps for ``kept_key`` (default: ``head.unit``) instead (see
-    ``KeptScratch``)."""
-    key = head.unit if kept_key is None else kept_key
-    lease = kept.lease(key) if kept is not None and arena is not None else scratch(arena)
-    with lease as shm:
-        call(peer, "PushGradients", fn, tensor_messages(tensors, head, bf16, shm=shm), timeout=timeout)
+    """Push ``tensors`` as one stream opening with ``head`` (gradients to SwarmX or MemoryX) on ``plane``,
+    the pair's data plane; ``key``: the sender's name for the stream's scratch (``DataPlane.push``)."""
+
+    def send(messages: Iterator[bytes]) -> Any:
+        return call(peer, "PushGradients", fn, messages, timeout=timeout)
+
+    plane.push(send, tensors, head, bf16=bf16, key=key)
 
 
 def push_header(peer: str, fn: Callable[..., Any], header: pb.TensorSetHeader, *, timeout: float) -> None:
@@ -164,16 +161,14 @@ def receive_tensors(
     context: grpc.ServicerContext,
     messages: Iterator[bytes],
     handle: Callable[[pb.StreamHead, dict[str, np.ndarray]], None],
-    shm_tag: str | None = None,
-    cache: MappingCache | None = None,
+    plane: DataPlane,
 ) -> pb.Ack:
     """The body of every client-streaming tensor RPC (gradients pushed to SwarmX or MemoryX): read the
     whole stream, checking every checksum; it must open with a StreamHead saying whose tensors they are;
-    hand both to ``handle``, and map any error to a status code. ``shm_tag``: the job's memfd tag when the
-    sender may leave the bytes in shared memory; ``cache``: mappings of the senders' memfds to keep from
-    call to call (``MappingCache``)."""
+    hand both to ``handle``, and map any error to a status code. ``plane``: the data plane the call came
+    on (``transport.plane.plane_of_call``)."""
     try:
-        head, tensors = read_messages(messages, shm_tag, cache)
+        head, tensors = plane.read(messages)
         if head is None:
             raise ValueError("a tensor stream pushed to a role must open with a StreamHead")
         handle(head, tensors)

@@ -35,6 +35,7 @@ __all__ = [
     "checksum",
     "f32_to_bf16",
     "header_message",
+    "names_shared_memory",
     "read_messages",
     "references_only",
     "tensor_messages",
@@ -294,6 +295,19 @@ def references_only(messages: list[bytes]) -> tuple[pb.StreamHead, pb.TensorSetH
     if not header.HasField("head"):
         raise ProtocolError("a tensor stream pushed to a role must open with a StreamHead")
     return header.head, header
+
+
+def names_shared_memory(message: bytes) -> bool:
+    """Whether ``message`` opens a segment naming tensors in shared memory (then it is the whole segment:
+    such a segment carries no payload)."""
+    view = memoryview(message)
+    if len(view) < _LEN.size:
+        raise ProtocolError("truncated message")
+    (n,) = _LEN.unpack_from(view)
+    if n == 0:
+        return False
+    header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
+    return any(t.shm_pid for t in header.tensors)
 
 
 def header_message(header: pb.TensorSetHeader) -> bytes:

@@ -16,6 +16,8 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost, shm_tag
+from weightstream.transport.peers import plane_for_peer
+from weightstream.transport.plane import DataPlane, NetworkPlane, SharedMemoryPlane
 from weightstream.transport.rpc import (
     abort_on_error,
     call,
@@ -25,8 +27,7 @@ from weightstream.transport.rpc import (
     tensors_in_client,
     tensors_out_client,
 )
-from weightstream.transport.shm import KEPT_GRADIENT_BYTES, KeptScratch, SharedArena
-from weightstream.transport.shm_cache import MappingCache
+from weightstream.transport.shm import KEPT_GRADIENT_BYTES
 from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
 from weightstream.worker.memory import choose_micro_batch, profile
@@ -49,22 +50,14 @@ class SwarmParent:
         bf16: bool,
         token: str,
         generation: int,
-        shm_tag: str | None = None,
+        plane: DataPlane | None = None,
         assemble: Callable[[Tensors], Tensors] | None = None,
-        kept_bytes: int = 0,
-        kept_mappings: int = 0,
     ) -> None:
-        """``shm_tag``: the job's memfd tag on the shared-memory plane: weights are mapped from MemoryX and
-        gradients leave in memfds (transport/shm.py). ``assemble``: turns what arrives into what the
-        units take (sparse weights: ``SparseAssembler``). ``kept_bytes``: how many bytes of gradient memfds
-        to keep from step to step on that plane (``KEPT_GRADIENT_BYTES``). ``kept_mappings``: how many
-        mappings of MemoryX's weight memfds to keep from fetch to fetch on that plane (``MappingCache``)."""
-        self.shm_tag, self.assemble = shm_tag, assemble
-        self.arena = SharedArena(shm_tag) if shm_tag is not None else None
-        # each unit's gradients go into a memfd kept from step to step (transport/shm.py's KeptScratch)
-        self.kept = KeptScratch(self.arena, kept_bytes) if self.arena is not None and kept_bytes else None
-        self.maps = MappingCache(kept_mappings) if shm_tag is not None and kept_mappings else None
-        channel = open_channel(address, token, generation)
+        """``plane``: the data plane of this worker and its node (transport/peers.py; the network where not
+        given): on shared memory, weights are mapped from MemoryX and gradients leave in memfds.
+        ``assemble``: turns what arrives into what the units take (sparse weights: ``SparseAssembler``)."""
+        self.plane, self.assemble = plane if plane is not None else NetworkPlane(), assemble
+        channel = open_channel(address, token, generation, self.plane.kind)
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
@@ -74,7 +67,7 @@ class SwarmParent:
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         req = pb.UnitRequest(step=step, unit=unit, phase=phase)
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
-        tensors = read_messages(stream(self.peer, "GetUnit", it), self.shm_tag, self.maps)[1]
+        tensors = self.plane.read(stream(self.peer, "GetUnit", it))[1]
         self._counted(tensors.values())
         return self.assemble(tensors) if self.assemble is not None else tensors
 
@@ -92,10 +85,9 @@ class SwarmParent:
             self._push,
             grads.items(),
             head,
+            plane=self.plane,
             bf16=self.bf16,
-            arena=self.arena,
             timeout=self.timeout_s,
-            kept=self.kept,
         )
 
 
@@ -122,20 +114,29 @@ def build(job: JobSpec) -> WorkerEngine:
     parent = plan.worker_parent[job.index]
     act = plan.worker_activation(job.index)
     model = model_def(params)
+    address, name = job.addresses["swarmx"][parent], f"swarmx-{parent}"
+
+    def shared() -> SharedMemoryPlane:
+        # a memory budget bounds what the worker holds: kept gradient memfds and kept mappings of the
+        # weights (every weight's pages, as they count in its resident memory) would stay outside it
+        unbounded = rc.worker_memory_mb is None
+        return SharedMemoryPlane(
+            tag,
+            kept_bytes=KEPT_GRADIENT_BYTES[rc.memoryx_storage] if unbounded else 0,
+            kept_mappings=2 * len(model.specs) if unbounded else 0,  # weights and sparse indexes
+        )
+
+    tag = shm_tag(job)
     units = SwarmParent(
-        job.addresses["swarmx"][parent],
-        f"swarmx-{parent}",
+        address,
+        name,
         plan.child_slot("worker", job.index),
         rc.rpc_timeout_s,
         params.model.fp16_type == "bfloat16",
         job.credential,
         job.generation,
-        shm_tag(job),
+        plane_for_peer(name, address, job.credential, tag, shared),
         SparseAssembler(model) if params.sparsity is not None else None,
-        # a memory budget bounds what the worker holds: kept gradient memfds and kept mappings of the
-        # weights (every weight's pages, as they count in its resident memory) would stay outside it
-        KEPT_GRADIENT_BYTES[rc.memoryx_storage] if rc.worker_memory_mb is None else 0,
-        2 * len(model.specs) if rc.worker_memory_mb is None else 0,  # weights and sparse indexes
     )
     address, name = job.addresses["activation"][act], f"activation-{act}"
     batches = ActivationClient(address, name, rc.rpc_timeout_s, job.credential, job.generation)
