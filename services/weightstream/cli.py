@@ -145,6 +145,12 @@ def train_reference(
 ModelDir = Annotated[Path | None, typer.Option("--model_dir", help="overrides runconfig.model_dir")]
 
 
+Features = Annotated[
+    str | None,
+    typer.Option(help="with --backend slurm: node features (comma-separated) a node must have"),
+]
+
+
 @app.command()
 def run(
     params: ParamsArg,
@@ -152,10 +158,27 @@ def run(
     max_steps: MaxSteps = None,
     model_dir: ModelDir = None,
     checkpoint_path: CheckpointPath = None,
+    backend: Annotated[
+        str, typer.Option(help="local (processes here) or slurm (steps of a Slurm job, one node per worker)")
+    ] = "local",
+    partition: Annotated[
+        str | None, typer.Option(help="with --backend slurm: the partition of every role (default: Slurm's)")
+    ] = None,
+    worker_features: Annotated[
+        str | None,
+        typer.Option(help="with --backend slurm: features of nodes for workers and activation servers"),
+    ] = None,
+    server_features: Annotated[
+        str | None, typer.Option(help="with --backend slurm: features of nodes for MemoryX and SwarmX")
+    ] = None,
 ) -> None:
-    """Train on the appliance: every role a local process talking gRPC over loopback."""
-    from weightstream.console import run_local  # keeps `--help` fast
+    """Train on the appliance: every role a local process talking gRPC over loopback, or (--backend slurm)
+    a step of a Slurm job on the node its placement names."""
+    from weightstream.console import run_job  # keeps `--help` fast
 
+    if backend not in ("local", "slurm"):
+        err.print(f"[red]error:[/red] --backend must be local or slurm, not {backend!r}")
+        raise typer.Exit(2)
     loaded = _read(
         params,
         num_csx=num_csx,
@@ -164,7 +187,23 @@ def run(
         checkpoint_path=str(checkpoint_path.resolve()) if checkpoint_path else None,
     )
     print_key_report(out, loaded.report)
-    raise typer.Exit(run_local(loaded.params, out, err))
+    make_backend = None
+    if backend == "slurm":
+        from weightstream.backends.slurm.backend import SlurmBackend
+        from weightstream.backends.slurm.placement import NodeRule, PlacementRules
+
+        def features(text: str | None) -> tuple[str, ...]:
+            return tuple(f.strip() for f in (text or "").split(",") if f.strip())
+
+        rules = PlacementRules(
+            workers=NodeRule(partition, features(worker_features)),
+            servers=NodeRule(partition, features(server_features)),
+        )
+
+        def make_backend(run_dir: Path) -> SlurmBackend:
+            return SlurmBackend(run_dir, "weightstream", rules)
+
+    raise typer.Exit(run_job(loaded.params, out, err, make_backend))
 
 
 app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from weightstream.backends.base import Backend
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.data import DataError, make_data_processor
 from weightstream.params import Params
 from weightstream.training.cadence import Cadence
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
-__all__ = ["run_local", "step_progress", "train_reference"]
+__all__ = ["run_job", "step_progress", "train_reference"]
 
 
 REFRESH_PER_SECOND = 2.0
@@ -59,8 +61,11 @@ def _step_line(e: dict[str, Any]) -> str:
     )
 
 
-def run_local(params: Params, out: Console, err: Console) -> int:
-    """Run the job; returns the process exit code (0 done, 1 failed, 2 bad data, 130 interrupted)."""
+def run_job(
+    params: Params, out: Console, err: Console, make_backend: Callable[[Path], Backend] | None = None
+) -> int:
+    """Run the job on the backend ``make_backend(model_dir / "logs")`` gives (default: local processes);
+    returns the process exit code (0 done, 1 failed, 2 bad data, 130 interrupted)."""
     rc, cadence = params.runconfig, Cadence.of(params)
     try:  # the data is checked here, before any process starts
         make_data_processor(params.train_input, params.model, "train")
@@ -70,7 +75,8 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         err.print(f"[red]error:[/red] {e}", soft_wrap=True)
         return 2
     model_dir = Path(rc.model_dir)
-    backend = LocalProcessBackend(model_dir / "logs")
+    backend = (make_backend or LocalProcessBackend)(model_dir / "logs")
+    where = "as local processes" if isinstance(backend, LocalProcessBackend) else "as Slurm job steps"
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
 
@@ -78,7 +84,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         kind = e["event"]
         if kind == "status" and e["status"] == "starting":
             roles = ", ".join(f"{n} {k}" for k, n in e["roles"].items())
-            progress.console.print(f"starting {roles} as local processes (logs in {model_dir / 'logs'})")
+            progress.console.print(f"starting {roles} {where} (logs in {model_dir / 'logs'})")
         elif kind == "status" and e["status"] == "starting_from":
             progress.console.print(f"starting from the weights of {e['checkpoint']}")
         elif kind == "status" and e["status"] == "resuming":
