@@ -145,12 +145,6 @@ def train_reference(
 ModelDir = Annotated[Path | None, typer.Option("--model_dir", help="overrides runconfig.model_dir")]
 
 
-Features = Annotated[
-    str | None,
-    typer.Option(help="with --backend slurm: node features (comma-separated) a node must have"),
-]
-
-
 @app.command()
 def run(
     params: ParamsArg,
@@ -166,10 +160,17 @@ def run(
     ] = None,
     worker_features: Annotated[
         str | None,
-        typer.Option(help="with --backend slurm: features of nodes for workers and activation servers"),
+        typer.Option(
+            "--worker_features",
+            help="with --backend slurm: features (comma-separated) of nodes for workers and their activation",
+        ),
     ] = None,
     server_features: Annotated[
-        str | None, typer.Option(help="with --backend slurm: features of nodes for MemoryX and SwarmX")
+        str | None,
+        typer.Option(
+            "--server_features",
+            help="with --backend slurm: features (comma-separated) of nodes for MemoryX and SwarmX",
+        ),
     ] = None,
 ) -> None:
     """Train on the appliance: every role a local process talking gRPC over loopback, or (--backend slurm)

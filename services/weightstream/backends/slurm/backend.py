@@ -175,6 +175,7 @@ class SlurmBackend:
         assert self.job_id is not None
         tag = secrets.token_hex(4)
         argv = slurm.probe_command(self.job_id, nodes, str(self.run_dir.resolve()), tag)
+        done: subprocess.CompletedProcess[str] | None = None
         try:
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=self.environ, check=False
@@ -192,10 +193,15 @@ class SlurmBackend:
                 seen = ""
             if seen != node:
                 blind.append(node)
+        if blind and (done is None or done.returncode != 0):
+            raise BackendError(
+                f"node {', '.join(blind)} did not run the check that it can write to {self.run_dir}"
+                f"{self._where()}: {said}"
+            )
         if blind:
             raise BackendError(
-                f"model_dir must be on a filesystem every node shares: node {', '.join(blind)} could not "
-                f"write {self.run_dir} (or this machine does not see what it wrote){self._where()}: {said}"
+                f"model_dir must be on a filesystem every node shares: node {', '.join(blind)} wrote to "
+                f"{self.run_dir}, and this machine does not see what it wrote{self._where()}"
             )
 
     def _write_placement(self, placement: Placement) -> None:
