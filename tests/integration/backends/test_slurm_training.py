@@ -140,3 +140,24 @@ def test_credential_shows_nowhere_and_a_killed_role_is_replaced_bitwise(
     assert_placed_where_it_ran(slurm_cluster, logs)
     assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_inside_an_allocation_the_job_uses_it_and_leaves_it_to_its_owner(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # salloc runs the command here with SLURM_JOB_ID set, as a user at a login node does
+    params, model_dir = tiny_gpt2(tmp_path, steps=2), tmp_path / "model"
+    argv = ["salloc", "--nodes=3", "--exclusive", "--job-name=mine",
+            sys.executable, "-m", "weightstream.cli", "run", str(params), "--num_csx", "2",
+            "--model_dir", str(model_dir), "--backend", "slurm"]  # fmt: skip
+    done = slurm_cluster.run(argv, capture_output=True, text=True, timeout=240, check=False,
+                             env={"PYTHONPATH": PYTHONPATH})  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    granted = re.search(r"Granted job allocation (\d+)", done.stderr)
+    assert granted is not None, done.stderr
+    record = json.loads((model_dir / "logs" / "placement.json").read_text())
+    assert record["slurm_job"] == granted[1]
+    placed = assert_placed_where_it_ran(slurm_cluster, model_dir / "logs")
+    assert set(placed.values()) == {"h1", "h2", "h3"}  # the allocation's nodes, and no other
+    assert (model_dir / "checkpoint_2").is_dir()
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
