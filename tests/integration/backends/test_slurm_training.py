@@ -161,3 +161,26 @@ def test_inside_an_allocation_the_job_uses_it_and_leaves_it_to_its_owner(
     assert set(placed.values()) == {"h1", "h2", "h3"}  # the allocation's nodes, and no other
     assert (model_dir / "checkpoint_2").is_dir()
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_the_sbatch_example_of_the_docs_runs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    # docs/slurm.md's script, with this test's paths: the coordinator runs on the batch node (h1)
+    params, model_dir = tiny_gpt2(tmp_path, steps=2), tmp_path / "model"
+    script = tmp_path / "gpt2.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --job-name=gpt2
+#SBATCH --nodes=4
+#SBATCH --exclusive
+#SBATCH --output={tmp_path}/gpt2-%j.out
+{sys.executable} -m weightstream.cli run {params} --num_csx 2 --backend slurm --model_dir {model_dir}
+""")
+    done = slurm_cluster.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=240,
+                             check=False, env={"PYTHONPATH": PYTHONPATH})  # fmt: skip
+    job = re.search(r"Submitted batch job (\d+)", done.stdout)
+    assert job is not None, done.stdout + done.stderr
+    output = (tmp_path / f"gpt2-{job[1]}.out").read_text()
+    assert done.returncode == 0, output[-3000:]
+    assert json.loads((model_dir / "logs" / "placement.json").read_text())["slurm_job"] == job[1]
+    assert_placed_where_it_ran(slurm_cluster, model_dir / "logs")
+    assert "done: steps 0→2" in output
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
