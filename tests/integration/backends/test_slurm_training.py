@@ -64,8 +64,14 @@ def test_gpt2_on_two_csx_across_hosts_is_bitwise_the_one_host_run(
     servers = {placed[r] for r in ("memoryx-0", "memoryx-1", "swarmx-0")}
     assert servers.isdisjoint({placed["worker-0"], placed["worker-1"]})
     assert len(set(placed.values())) >= 3
-    assert checkpoint_bytes(tmp_path / "slurm", 4) == checkpoint_bytes(tmp_path / "local", 4)
+    final = checkpoint_bytes(tmp_path / "slurm", 4)
+    assert final == checkpoint_bytes(tmp_path / "local", 4)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+    # a later run that fails (here: a partition that does not exist) loses no checkpoint
+    failed = weightstream_run(slurm_cluster, params, tmp_path / "slurm", "--backend", "slurm",
+                              "--max_steps", "8", "--partition", "gpus")  # fmt: skip
+    assert failed.returncode == 1 and "no partition 'gpus'" in failed.stderr
+    assert checkpoint_bytes(tmp_path / "slurm", 4) == final
 
 
 def start_run(cluster: SlurmCluster, params: Path, model_dir: Path) -> subprocess.Popen[str]:
