@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from testbed.slurm import SlurmCluster
@@ -122,8 +123,7 @@ def test_credential_shows_nowhere_and_a_killed_role_is_replaced_bitwise(
         for text in said:
             assert not TOKEN.search(text), text
         pids = [p for host in slurm_cluster.hosts for p in host.processes()]
-        pids += [int(p) for p in subprocess.run(["pgrep", "-x", "srun"], capture_output=True, text=True,
-                                                check=False).stdout.split()]  # fmt: skip
+        pids += [p.pid for p in psutil.Process(run.pid).children(recursive=True)]  # srun, coordinator
         for pid in pids:
             for what in ("cmdline", "environ"):
                 try:
