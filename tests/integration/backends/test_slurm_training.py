@@ -190,3 +190,28 @@ def test_the_sbatch_example_of_the_docs_runs(slurm_cluster: SlurmCluster, tmp_pa
     assert_placed_where_it_ran(slurm_cluster, model_dir / "logs")
     assert "done: steps 0→2" in output
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_a_role_whose_host_is_lost_comes_back_on_another_node(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params = tiny_gpt2(tmp_path, steps=12)
+    local = weightstream_run(None, params, tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    model_dir, logs = tmp_path / "slurm", tmp_path / "slurm" / "logs"
+    run = start_run(slurm_cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        lost = json.loads((logs / "worker-1.ready.json").read_text())["host"]
+        slurm_cluster.hosts.kill(lost)  # every process on it, its slurmd among them
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+    assert run.returncode == 0, out[-3000:]
+    after = json.loads((logs / "worker-1.ready.json").read_text())
+    assert after["host"] != lost, after
+    assert "restart 1/" in out, out[-3000:]
+    assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
