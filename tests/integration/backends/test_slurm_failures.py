@@ -62,6 +62,7 @@ def test_a_node_that_does_not_see_model_dir(slurm_cluster: SlurmCluster, tmp_pat
     assert "(Slurm job 1)" in said
 
 
+@pytest.mark.slow  # about 20 s: srun gives up on the node only after Slurm's message timeouts
 def test_a_node_that_never_starts_its_role(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     # h2's slurmd is gone, but Slurm still lists h2 idle (for SlurmdTimeout): the job is placed there
     os.kill(slurm_cluster.daemon_pids()["slurmd on h2"], signal.SIGKILL)

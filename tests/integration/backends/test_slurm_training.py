@@ -177,7 +177,11 @@ def test_the_sbatch_example_of_the_docs_runs(slurm_cluster: SlurmCluster, tmp_pa
 #SBATCH --job-name=gpt2
 #SBATCH --nodes=4
 #SBATCH --exclusive
+# a lost node takes its roles, not the job: they are replaced on the other nodes
+#SBATCH --no-kill
 #SBATCH --output={tmp_path}/gpt2-%j.out
+
+# model_dir must be on a filesystem every node of the job sees (NFS, Lustre, GPFS...)
 {sys.executable} -m weightstream.cli run {params} --num_csx 2 --backend slurm --model_dir {model_dir}
 """)
     done = slurm_cluster.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=240,
