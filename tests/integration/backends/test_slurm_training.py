@@ -219,3 +219,28 @@ def test_a_role_whose_host_is_lost_comes_back_on_another_node(
     assert "restart 1/" in out, out[-3000:]
     assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params, model_dir = tiny_gpt2(tmp_path, steps=50), tmp_path / "slurm"
+    run = start_run(slurm_cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        children = psutil.Process(run.pid).children(recursive=True)  # its sruns and the salloc
+        assert any(c.name() == "salloc" for c in children) and any(c.name() == "srun" for c in children)
+        run.kill()  # the coordinator itself (nsenter -n execs it)
+        run.communicate(timeout=30)
+        deadline = time.monotonic() + 60
+        while (
+            slurm_jobs(slurm_cluster)
+            or host_processes(slurm_cluster)
+            or any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+        ):
+            assert time.monotonic() < deadline, (slurm_jobs(slurm_cluster), host_processes(slurm_cluster))
+            time.sleep(0.5)  # Slurm tells no one when it has ended a job: its state is polled
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)

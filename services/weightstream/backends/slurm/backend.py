@@ -2,7 +2,8 @@
 
 Inside an allocation (``SLURM_JOB_ID`` set: ``salloc``, ``sbatch``) the job's roles run on that
 allocation's nodes, which stay the user's. Outside one the backend allocates the nodes its placement
-chose (``salloc --no-shell``) and cancels that job when the roles stop.
+chose with an ``salloc`` that holds them while this process lives (``commands.allocate``), and gives
+them back when the roles stop, or when this process dies, however it dies.
 
 Each role is one ``srun`` child of the coordinator: it listens on its node's address (NodeAddr), writes
 ``<run_dir>/<role>.ready.json`` and ``<run_dir>/<role>.log`` on the shared ``model_dir``, and reads the job's
@@ -75,6 +76,8 @@ class SlurmBackend:
         self.job_id: str | None = None  # the Slurm job the roles run in
         self.placement: Placement | None = None
         self.procs: dict[RoleSpec, subprocess.Popen[bytes]] = {}
+        # the salloc holding the allocation this backend made (None inside the caller's allocation)
+        self._holder: subprocess.Popen[str] | None = None
         self.nodes: dict[RoleSpec, Node] = {}
         self._spare: list[Node] = []  # the allocation's nodes, for a role whose node is gone
         self._credential = ""
@@ -155,13 +158,13 @@ class SlurmBackend:
             if self._stopping:
                 return
         if self.job_id is None:
-            self.job_id = slurm.allocate(
+            self._holder, self.job_id = slurm.allocate(
                 placement.node_names(), partition, self.job_name, self.allocate_wait_s, self.environ
             )
             with self._lock:
                 stopping = self._stopping
             if stopping:  # stopped while salloc waited: the job it got must not stay
-                slurm.cancel([self.job_id], env=self.environ)
+                self._release(self.job_id)
                 return
         self._probe(placement.node_names())
         self._write_placement(placement)
@@ -366,8 +369,7 @@ class SlurmBackend:
                     p.wait(timeout=max(0.0, deadline - time.monotonic()))
             slurm.cancel(self._our_steps(job), "KILL", self.environ)
             if self.given_job is None:
-                slurm.cancel([job], env=self.environ)
-                self._wait_gone(job)
+                self._release(job)
         finally:
             for p in procs:
                 try:
@@ -375,6 +377,13 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(timeout=5)
+
+    def _release(self, job: str) -> None:
+        """End the allocation this backend made, and wait until Slurm no longer lists it."""
+        if self._holder is not None:
+            slurm.release(self._holder)
+        slurm.cancel([job], env=self.environ)  # were salloc to have left it (salloc killed, say)
+        self._wait_gone(job)
 
     def _our_steps(self, job: str) -> list[str]:
         prefix = f"{self.job_name}.{self._tag}."

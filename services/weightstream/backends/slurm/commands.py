@@ -28,6 +28,7 @@ __all__ = [
     "parse_nodes",
     "probe_command",
     "query_nodes",
+    "release",
     "srun_command",
 ]
 
@@ -149,13 +150,16 @@ def allocate(
     job_name: str,
     wait_s: int,
     env: Mapping[str, str] | None = None,
-) -> str:
-    """Allocate ``nodes`` whole (``salloc --no-shell --exclusive``) as one job named ``job_name``; its id.
-    ``--no-kill``: a node that fails takes its roles, not the job (the coordinator replaces them). Gives
-    up after ``wait_s`` seconds in the queue (``--immediate``); SlurmError then names the job."""
+) -> tuple[subprocess.Popen[str], str]:
+    """Allocate ``nodes`` whole as one job named ``job_name``: (the salloc that holds it, the job's id).
+
+    salloc runs a command here that waits for its standard input, a pipe from this process, to close:
+    closing it (``release``), or this process dying however it dies, ends the command, and salloc then
+    gives the allocation back, which ends every step in it. ``--no-kill``: a node that fails takes its
+    roles, not the job (the coordinator replaces them). Gives up after ``wait_s`` seconds in the queue
+    (``--immediate``); SlurmError then names the job."""
     argv = [
         "salloc",
-        "--no-shell",
         "--exclusive",
         "--no-kill",
         f"--job-name={job_name}",
@@ -163,23 +167,44 @@ def allocate(
         f"--nodelist={','.join(nodes)}",
         f"--immediate={wait_s}",
         *([f"--partition={partition}"] if partition else []),
+        "sh",
+        "-c",
+        "read _",
     ]
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=wait_s + COMMAND_TIMEOUT_S, env=env, check=False
+        holder = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,  # a Ctrl-C reaches the coordinator, which releases the job in order
         )
     except FileNotFoundError as e:
         raise SlurmError("salloc is not installed here: the Slurm backend runs Slurm's commands") from e
-    except subprocess.TimeoutExpired as e:
-        raise SlurmError(f"salloc did not answer within {wait_s + COMMAND_TIMEOUT_S:.0f} s") from e
-    job = granted_job(done.stderr)
-    if done.returncode != 0 or job is None or not done.stderr.count("Granted"):
-        said = " ".join(line.removeprefix("salloc: ") for line in done.stderr.splitlines())
-        where = f" (Slurm job {job})" if job else ""
-        if job:
-            cancel([job], env=env)  # a job that failed while pending: make sure it does not stay queued
-        raise SlurmError(f"salloc could not allocate {', '.join(nodes)}{where}: {said}")
-    return job
+    assert holder.stderr is not None
+    said: list[str] = []
+    # salloc says "Granted job allocation N" once it holds the nodes, or ends (bounded by --immediate)
+    for line in holder.stderr:
+        said.append(line.strip().removeprefix("salloc: "))
+        if line.startswith("salloc: Granted job allocation"):
+            job = granted_job(line)
+            assert job is not None
+            return holder, job
+    holder.wait(timeout=COMMAND_TIMEOUT_S)
+    job = granted_job("\n".join(f"salloc: {line}" for line in said))
+    where = f" (Slurm job {job})" if job else ""
+    raise SlurmError(f"salloc could not allocate {', '.join(nodes)}{where}: {' '.join(said)}")
+
+
+def release(holder: subprocess.Popen[str], timeout: float = COMMAND_TIMEOUT_S) -> None:
+    """Give back the allocation ``allocate`` made: its command ends, salloc relinquishes the job."""
+    try:
+        holder.communicate(timeout=timeout)  # closes salloc's standard input, reads what it says
+    except subprocess.TimeoutExpired:
+        holder.kill()
+        holder.communicate(timeout=timeout)
 
 
 def cancel(ids: Sequence[str], signal: str | None = None, env: Mapping[str, str] | None = None) -> None:
