@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightstream import __version__
+from weightstream import __version__, slurm_options
 from weightstream import serve_options as limit
 from weightstream.config_cli import KeysOption, KeyView, config_app, print_key_report
 from weightstream.data import DataError
@@ -175,12 +175,22 @@ def run(
     model_dir: ModelDir = None,
     checkpoint_path: CheckpointPath = None,
     keys: KeysOption = KeyView.notable,
+    backend: Annotated[
+        str, typer.Option(help="local (processes here) or slurm (steps of a Slurm job, one node per worker)")
+    ] = "local",
+    partition: slurm_options.Partition = None,
+    worker_features: slurm_options.WorkerFeatures = None,
+    server_features: slurm_options.ServerFeatures = None,
 ) -> None:
-    """Train on the appliance: every role a local process talking gRPC over loopback. Everything
-    `validate` checks is checked first, before any role starts."""
-    from weightstream.console import run_local  # keeps `--help` fast
+    """Train on the appliance: every role a local process talking gRPC over loopback, or (--backend slurm)
+    a step of a Slurm job on the node its placement names. Everything `validate` checks is checked first,
+    before any role starts."""
+    from weightstream.console import run_job  # keeps `--help` fast
     from weightstream.training.preflight import finished_step
 
+    if backend not in ("local", "slurm"):
+        err.print(f"[red]error:[/red] --backend must be local or slurm, not {backend!r}")
+        raise typer.Exit(2)
     loaded = _read(
         params,
         checks=True,
@@ -194,7 +204,10 @@ def run(
     if done is not None:  # said at once: no role starts, no checkpoint loads
         out.print(escape(_nothing_to_do(loaded.params, done)), highlight=False, soft_wrap=True)
         raise typer.Exit(0)
-    raise typer.Exit(run_local(loaded.params, out, err))
+    make_backend = None
+    if backend == "slurm":
+        make_backend = slurm_options.backend_factory(partition, worker_features, server_features)
+    raise typer.Exit(run_job(loaded.params, out, err, make_backend))
 
 
 app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)

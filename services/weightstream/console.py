@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from weightstream.backends.base import Backend
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import Params
 from weightstream.training.cadence import Cadence
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
-__all__ = ["interrupted_message", "run_local", "step_progress", "train_reference"]
+__all__ = ["interrupted_message", "run_job", "step_progress", "train_reference"]
 
 
 REFRESH_PER_SECOND = 2.0
@@ -65,13 +67,17 @@ class _Committed:
     checkpoint: int | None = None  # the step of the newest checkpoint, None while there is none
 
 
-def run_local(params: Params, out: Console, err: Console) -> int:
+def run_job(
+    params: Params, out: Console, err: Console, make_backend: Callable[[Path], Backend] | None = None
+) -> int:
     """Run the job whose params ``training.preflight.run_checks`` has passed (its data, its size, its
-    checkpoint); returns the process exit code (0 done, 1 failed, 130 interrupted)."""
+    checkpoint) on the backend ``make_backend(model_dir / "logs")`` gives (default: local processes);
+    returns the process exit code (0 done, 1 failed, 130 interrupted)."""
     rc, cadence = params.runconfig, Cadence.of(params)
     model_dir = Path(rc.model_dir)
     at = _Committed()  # what Ctrl-C would lose: the steps committed since the newest checkpoint
-    backend = LocalProcessBackend(model_dir / "logs")
+    backend = (make_backend or LocalProcessBackend)(model_dir / "logs")
+    where = "as local processes" if isinstance(backend, LocalProcessBackend) else "as Slurm job steps"
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
 
@@ -79,7 +85,7 @@ def run_local(params: Params, out: Console, err: Console) -> int:
         kind = e["event"]
         if kind == "status" and e["status"] == "starting":
             roles = ", ".join(f"{n} {k}" for k, n in e["roles"].items())
-            progress.console.print(f"starting {roles} as local processes (logs in {model_dir / 'logs'})")
+            progress.console.print(f"starting {roles} {where} (logs in {model_dir / 'logs'})")
         elif kind == "status" and e["status"] == "starting_from":
             progress.console.print(f"starting from the weights of {e['checkpoint']}")
         elif kind == "status" and e["status"] == "resuming":

@@ -1,9 +1,9 @@
 """A role process: one gRPC server with the Control service and the role's own service.
 
 The process starts unconfigured with the job's role token (``transport.auth``: every call but Health must
-carry it), writes ``{"address", "pid"}`` to its ready file once it listens, and builds its logic when the
-coordinator's Configure call hands it the job. A later Configure (the coordinator recovering from a fault)
-replaces the logic with one built for the new configuration, or lets the role keep its state where it
+carry it), writes ``{"address", "host", "pid"}`` to its ready file once it listens, and builds its logic
+when the coordinator's Configure call hands it the job. A later Configure (the coordinator recovering from
+a fault) replaces the logic with one built for the new configuration, or lets the role keep its state where it
 has a ``reconfigure`` hook (MemoryX), under a new generation: calls of any other generation are refused
 (``transport.fencing``). It exits on Shutdown, on
 SIGTERM, and when its parent (the coordinator) is gone, so a crashed coordinator leaves no orphan.
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -205,7 +206,8 @@ def serve_role(
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, role.stopped), daemon=True).start()
     if ready_file is not None:
-        write_text_durably(ready_file, json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}))
+        ready = {"address": f"{host}:{bound}", "host": socket.gethostname(), "pid": os.getpid()}
+        write_text_durably(ready_file, json.dumps(ready))
     log.info("%s listening on %s:%d", kind, host, bound)
     role.stopped.wait()
     if told:

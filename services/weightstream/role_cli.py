@@ -51,7 +51,7 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
         host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="port; 0 picks a free one")] = 50051,
         ready_file: Annotated[
-            Path | None, typer.Option(help="write {address, pid} here once listening")
+            Path | None, typer.Option(help="write {address, host, pid} here once listening")
         ] = None,
         parent_pid: Annotated[
             int | None, typer.Option(help="exit when this process is no longer the parent")

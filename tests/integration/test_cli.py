@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -103,7 +104,9 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        address = json.loads(ready.read_text())["address"]
+        said = json.loads(ready.read_text())
+        address = said["address"]
+        assert said["host"] == socket.gethostname() and said["pid"] == role.pid  # where it runs
         r = weightstream("health", "--address", address)
         # it answers without the job's credential, and then says nothing about itself
         assert r.returncode == 0 and "worker" not in r.stdout and "pid" not in r.stdout

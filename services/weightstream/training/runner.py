@@ -162,7 +162,10 @@ class JobRunner:
         try:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled before it started")
-            self.backend.start(roles, credential)
+            try:
+                self.backend.start(roles, credential)
+            except BackendError as e:  # no room for the job, a scheduler refusing it: the job fails
+                raise JobFailed(str(e)) from e
             self.roles.configure(self._wait_ready(), str(resume[1]) if resume else None)
             self._emit("status", status="running", addresses=self.roles.addresses)
             return self._train(start_step, t0)

@@ -1,0 +1,397 @@
+"""The Slurm backend: each role of a job as a step of one Slurm job, on the node its placement names.
+
+Inside an allocation (``SLURM_JOB_ID`` set: ``salloc``, ``sbatch``) the job's roles run on that
+allocation's nodes, which stay the user's. Outside one the backend allocates the nodes its placement
+chose with an ``salloc`` that holds them while this process lives (``commands.allocate``), and gives
+them back when the roles stop, or when this process dies, however it dies.
+
+Each role is one ``srun`` child of the coordinator: it listens on its node's address (NodeAddr), writes
+``<run_dir>/<role>.ready.json`` and ``<run_dir>/<role>.log`` on the shared ``model_dir``, and reads the job's
+role credential from its standard input, which srun forwards from a pipe: the token is on no command
+line, in no environment srun propagates, in no file and in nothing Slurm records (``scontrol show job``).
+A role's end is its srun's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.environment import role_env, without_secrets
+from weightstream.backends.slurm import commands as slurm
+from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
+
+__all__ = ["SlurmBackend", "describe_srun_exit"]
+
+ALLOCATE_WAIT_S = 60  # seconds a new allocation may wait in the queue before the job fails
+PROBE_TIMEOUT_S = 60.0
+
+
+def describe_srun_exit(rc: int) -> str:
+    """A role's end from its srun's exit status: srun exits as its task did, 128 + the signal that
+    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``)."""
+    if rc > 128:
+        try:
+            name = signal.Signals(rc - 128).name
+        except ValueError:
+            return f"exited with status {rc}"
+        return (
+            f"stopped on {name} (exit status {rc})"
+            if name in ("SIGTERM", "SIGINT")
+            else f"was killed by {name}"
+        )
+    if rc < 0:
+        return f"(its srun) was killed by {signal.Signals(-rc).name}"
+    return f"exited with status {rc}"
+
+
+class SlurmBackend:
+    co_located = False  # roles on several nodes: tensors travel over the network, never shared memory
+
+    def __init__(
+        self,
+        run_dir: Path,
+        job_name: str = "weightstream",
+        rules: PlacementRules | None = None,
+        environ: Mapping[str, str] | None = None,
+        allocate_wait_s: int = ALLOCATE_WAIT_S,
+    ) -> None:
+        """``run_dir``: ``model_dir/logs``, on a filesystem every node sees. ``environ``: this process's
+        environment by default; ``SLURM_JOB_ID`` in it means: run inside that allocation."""
+        self.run_dir, self.job_name = run_dir, job_name
+        self.rules = rules or PlacementRules()
+        self.environ = dict(os.environ if environ is None else environ)
+        self.allocate_wait_s = allocate_wait_s
+        self.given_job = self.environ.get("SLURM_JOB_ID")
+        self.job_id: str | None = None  # the Slurm job the roles run in
+        self.placement: Placement | None = None
+        self.procs: dict[RoleSpec, subprocess.Popen[bytes]] = {}
+        # the salloc holding the allocation this backend made (None inside the caller's allocation)
+        self._holder: subprocess.Popen[str] | None = None
+        self.nodes: dict[RoleSpec, Node] = {}
+        self._spare: list[Node] = []  # the allocation's nodes, for a role whose node is gone
+        self._credential = ""
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._tag = secrets.token_hex(4)  # names this run's steps among others of the same allocation
+
+    # -- where -------------------------------------------------------------------------------------------
+    def _where(self) -> str:
+        return f" (Slurm job {self.job_id})" if self.job_id else ""
+
+    def _effective_rules(self, default_partition: str | None, job_partition: str | None) -> PlacementRules:
+        """The rules with their partition filled in: the allocation's, or the cluster's default."""
+        base = job_partition or default_partition
+
+        def fill(rule: NodeRule) -> NodeRule:
+            if job_partition and rule.partition and rule.partition != job_partition:
+                raise BackendError(
+                    f"placement asks for partition {rule.partition}, but the allocation "
+                    f"{self.given_job} is in partition {job_partition}"
+                )
+            return NodeRule(rule.partition or base, rule.features)
+
+        return PlacementRules(fill(self.rules.workers), fill(self.rules.servers))
+
+    def _plan(self, roles: list[RoleSpec]) -> tuple[Placement, str | None]:
+        """Where each role runs, and the partition a new allocation asks for (None inside one)."""
+        counts: dict[str, int] = {}
+        for role in roles:
+            counts[role.kind] = counts.get(role.kind, 0) + 1
+        states, default = slurm.query_nodes(self.environ)
+        known = {s.node.name: s for s in states}
+        for rule in (self.rules.workers, self.rules.servers):
+            if rule.partition and not any(rule.partition in s.node.partitions for s in states):
+                partitions = sorted({p for s in states for p in s.node.partitions})
+                raise BackendError(
+                    f"Slurm has no partition {rule.partition!r}; its partitions: {', '.join(partitions)}"
+                )
+            missing = [f for f in rule.features if not any(f in s.node.features for s in states)]
+            if missing:
+                raise BackendError(f"no Slurm node has the feature {', '.join(missing)}")
+        if self.given_job:
+            live = slurm.live_job(self.given_job, self.environ)
+            if live is None or live[0] != "RUNNING":
+                raise BackendError(f"SLURM_JOB_ID={self.given_job} names no running Slurm job")
+            names = slurm.job_nodes(self.given_job, self.environ)
+            candidates = [known[n].node for n in names if n in known]
+            rules = self._effective_rules(default, live[1])
+            self.job_id = self.given_job
+        else:
+            rules = self._effective_rules(default, None)
+            candidates = [s.node for s in states if s.idle]
+        try:
+            placement = place(counts, candidates, rules)
+        except ValueError as e:
+            scope = f"allocation {self.given_job}" if self.given_job else "idle nodes"
+            raise BackendError(f"the Slurm cluster cannot hold the job ({scope}): {e}") from e
+        partitions = {rules.workers.partition, rules.servers.partition}
+        if len(partitions) > 1 and not self.given_job:
+            raise BackendError(
+                f"workers in partition {rules.workers.partition} and servers in {rules.servers.partition}: "
+                "one Slurm job spans one partition; give both the same partition, or tell them apart by "
+                "node features"
+            )
+        self._spare = candidates
+        return placement, None if self.given_job else rules.workers.partition
+
+    # -- the Backend protocol ------------------------------------------------------------------------------
+    def start(self, roles: list[RoleSpec], credential: str) -> None:
+        """Place the roles, allocate their nodes (outside an allocation), check that every node writes to
+        ``run_dir``, and start each role as an srun step. Raises BackendError naming the cause (and the
+        Slurm job, once there is one)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._credential = credential
+        placement, partition = self._plan(roles)
+        self.placement = placement
+        with self._lock:
+            if self._stopping:
+                return
+        if self.job_id is None:
+            self._holder, self.job_id = slurm.allocate(
+                placement.node_names(), partition, self.job_name, self.allocate_wait_s, self.environ
+            )
+            with self._lock:
+                stopping = self._stopping
+            if stopping:  # stopped while salloc waited: the job it got must not stay
+                self._release(self.job_id)
+                return
+        self._probe(placement.node_names())
+        self._write_placement(placement)
+        for role in roles:
+            if not self._spawn(role, placement.nodes[role.name]):
+                return
+
+    def _probe(self, nodes: list[str]) -> None:
+        """Every node writes a file into ``run_dir`` and this process reads it back: ``model_dir`` is on a
+        filesystem they all share, or the job fails here, before any role starts."""
+        assert self.job_id is not None
+        tag = secrets.token_hex(4)
+        argv = slurm.probe_command(self.job_id, nodes, str(self.run_dir.resolve()), tag)
+        done: subprocess.CompletedProcess[str] | None = None
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=self.environ, check=False
+            )
+            said = " ".join(done.stderr.split())
+        except subprocess.TimeoutExpired:
+            said = f"no answer within {PROBE_TIMEOUT_S:.0f} s"
+        blind = []
+        for node in nodes:
+            probe = self.run_dir / f".probe-{tag}-{node}"
+            try:
+                seen = probe.read_text()
+                probe.unlink()
+            except OSError:
+                seen = ""
+            if seen != node:
+                blind.append(node)
+        if blind and (done is None or done.returncode != 0):
+            raise BackendError(
+                f"node {', '.join(blind)} did not run the check that it can write to {self.run_dir}"
+                f"{self._where()}: {said}"
+            )
+        if blind:
+            raise BackendError(
+                f"model_dir must be on a filesystem every node shares: node {', '.join(blind)} wrote to "
+                f"{self.run_dir}, and this machine does not see what it wrote{self._where()}"
+            )
+
+    def _write_placement(self, placement: Placement) -> None:
+        record = {
+            "slurm_job": self.job_id,
+            "roles": {role: node.name for role, node in placement.nodes.items()},
+        }
+        (self.run_dir / "placement.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    def _ready_file(self, role: RoleSpec) -> Path:
+        return self.run_dir / f"{role.name}.ready.json"
+
+    def _step_name(self, role: RoleSpec) -> str:
+        return f"{self.job_name}.{self._tag}.{role.name}"
+
+    def _env(self, role: RoleSpec, node: Node) -> dict[str, str]:
+        """What srun propagates to the role: this process's environment less its secrets, and the role's
+        threads: a worker gets its node's CPUs (its node is its own)."""
+        placed = self.placement.nodes.items() if self.placement else ()
+        workers_here = sum(1 for r, n in placed if r.startswith("worker-") and n.name == node.name)
+        worker_cores = node.cpus // max(1, workers_here)
+        return {**without_secrets(self.environ), **role_env(role.kind, worker_cores)}
+
+    def _spawn(self, role: RoleSpec, node: Node) -> bool:
+        """Start ``role`` on ``node`` (False: the backend is stopping, nothing was started)."""
+        assert self.job_id is not None
+        self._ready_file(role).unlink(missing_ok=True)
+        log = self.run_dir / f"{role.name}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "weightstream.cli",
+            role.kind,
+            "--host",
+            node.address,
+            "--port",
+            "0",
+            "--ready-file",
+            str(self._ready_file(role).resolve()),
+            "--token-file",
+            "-",
+        ]
+        argv = slurm.srun_command(self.job_id, node.name, self._step_name(role), str(log.resolve()), cmd)
+        with self._lock, open(log, "ab") as srun_log:
+            if self._stopping:
+                return False
+            self.nodes[role] = node
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=srun_log,
+                stderr=subprocess.STDOUT,  # srun's own words ("task 0: Killed") follow the role's
+                start_new_session=True,
+                env=self._env(role, node),
+            )
+            self.procs[role] = proc
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(self._credential.encode() + b"\n")
+            proc.stdin.close()
+        except BrokenPipeError:  # srun failed at once: dead() reports it with its log
+            pass
+        return True
+
+    def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
+        deadline = time.monotonic() + timeout_s
+        addresses: dict[RoleSpec, str] = {}
+        with self._lock:
+            procs = dict(self.procs)
+        while True:
+            if self._stopping:
+                raise BackendError(f"stopped while starting{self._where()}")
+            if len(addresses) == len(procs):
+                break
+            dead = self.failures()
+            if dead:
+                raise BackendError("; ".join(dead) + self._where())
+            for role in procs:
+                f = self._ready_file(role)
+                if role not in addresses and f.exists():
+                    addresses[role] = json.loads(f.read_text())["address"]
+            if time.monotonic() > deadline:
+                missing = [f"{r.name} on {self.nodes[r].name}" for r in procs if r not in addresses]
+                raise BackendError(
+                    f"not ready after {timeout_s:.0f}s: {', '.join(sorted(missing))}{self._where()} "
+                    f"(see {self.run_dir})"
+                )
+            time.sleep(0.05)
+        out: dict[str, list[str]] = {}
+        for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
+            out.setdefault(role.kind, []).append(addresses[role])
+        return out
+
+    def dead(self) -> dict[RoleSpec, str]:
+        if self._stopping:
+            return {}
+        out = {}
+        with self._lock:
+            procs = list(self.procs.items())
+        for role, p in procs:
+            rc = p.poll()
+            if rc is not None:
+                log = self.run_dir / f"{role.name}.log"
+                where = self.nodes[role].name
+                out[role] = f"{role.name} on node {where} {describe_srun_exit(rc)}; its log: {log}"
+        return out
+
+    def failures(self) -> list[str]:
+        return list(self.dead().values())
+
+    def restart(self, roles: list[RoleSpec]) -> None:
+        """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung), wait for its srun,
+        and start it again: on its node while that node serves, else on the allocation's node with the
+        fewest roles."""
+        assert self.job_id is not None
+        steps = slurm.job_steps(self.job_id, self.environ)
+        live = [steps[self._step_name(r)] for r in roles if self._step_name(r) in steps]
+        slurm.cancel(live, "KILL", self.environ)
+        for role in roles:
+            with self._lock:
+                old = self.procs.get(role)
+            if old is not None:
+                try:
+                    old.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    old.kill()
+                    old.wait(timeout=5)
+        serving = self._serving_nodes()
+        for role in roles:
+            node = self.nodes[role]
+            if node.name not in serving:
+                node = min(
+                    (n for n in self._spare if n.name in serving),
+                    key=lambda n: sum(1 for m in self.nodes.values() if m.name == n.name),
+                    default=node,
+                )
+            if not self._spawn(role, node):
+                return
+
+    def _serving_nodes(self) -> set[str]:
+        """The allocation's nodes that are up (neither down nor drained, and still in the job)."""
+        assert self.job_id is not None
+        states, _ = slurm.query_nodes(self.environ)
+        in_job = set(slurm.job_nodes(self.job_id, self.environ))
+        return {s.node.name for s in states if s.usable and s.node.name in in_job}
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """SIGTERM every role's step (roles stop in order), SIGKILL what is left after ``grace_s``, and
+        cancel the job when this backend allocated it; returns once Slurm lists none of it."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self.procs.values())
+        job = self.job_id
+        if job is None:
+            return
+        try:
+            ours = self._our_steps(job)
+            slurm.cancel(ours, "TERM", self.environ)
+            deadline = time.monotonic() + grace_s
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            slurm.cancel(self._our_steps(job), "KILL", self.environ)
+            if self.given_job is None:
+                self._release(job)
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=5)
+
+    def _release(self, job: str) -> None:
+        """End the allocation this backend made, and wait until Slurm no longer lists it."""
+        if self._holder is not None:
+            slurm.release(self._holder)
+        slurm.cancel([job], env=self.environ)  # were salloc to have left it (salloc killed, say)
+        self._wait_gone(job)
+
+    def _our_steps(self, job: str) -> list[str]:
+        prefix = f"{self.job_name}.{self._tag}."
+        return [step for name, step in slurm.job_steps(job, self.environ).items() if name.startswith(prefix)]
+
+    def _wait_gone(self, job: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while slurm.live_job(job, self.environ) is not None:
+            if time.monotonic() > deadline:
+                raise BackendError(f"Slurm job {job} still listed {timeout_s:.0f} s after it was cancelled")
+            time.sleep(0.2)  # Slurm tells no one when a job has ended: squeue is polled

@@ -1,0 +1,124 @@
+"""Which Slurm node runs which role: a pure function of the job's role counts, the nodes that may serve,
+and the rules saying which nodes serve which kind of role.
+
+The appliance's shape, kept on a cluster of ordinary nodes:
+- each CS-2 worker on a node of its own (a CS-2 is a machine of its own);
+- each activation server beside the worker it feeds (activation ``a`` serves workers ``w`` with
+  ``w % num_act == a``, so it goes where worker ``a % num_csx`` is): its batches never cross the network;
+- MemoryX shards and SwarmX nodes on server nodes other than the workers' when there are such nodes
+  (spread one role per node as far as they go), and beside the workers only when there are none.
+
+Nodes are taken in Slurm's order (names compared with their numbers as numbers: h2 before h10).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Node", "NodeRule", "Placement", "PlacementError", "PlacementRules", "place"]
+
+SERVER_KINDS = ("memoryx", "swarmx")
+WORKER_KINDS = ("worker", "activation")
+
+
+class PlacementError(ValueError):
+    """The cluster cannot hold the job: the message names the rule, what it needs and what there is."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A Slurm node as ``sinfo`` reports it. ``address``: its NodeAddr, where its roles listen."""
+
+    name: str
+    address: str
+    partitions: frozenset[str] = frozenset()
+    features: frozenset[str] = frozenset()
+    cpus: int = 1
+
+
+@dataclass(frozen=True)
+class NodeRule:
+    """Which nodes may serve a group of roles: those of ``partition`` (None: any given) that have every
+    one of ``features`` (Slurm's AVAIL_FEATURES)."""
+
+    partition: str | None = None
+    features: tuple[str, ...] = ()
+
+    def admits(self, node: Node) -> bool:
+        in_partition = self.partition is None or self.partition in node.partitions
+        return in_partition and set(self.features) <= node.features
+
+    def describe(self) -> str:
+        parts = [f"partition {self.partition}" if self.partition else "any partition"]
+        if self.features:
+            parts.append(f"feature {'&'.join(self.features)}")
+        return " with ".join(parts)
+
+
+@dataclass(frozen=True)
+class PlacementRules:
+    """Where each group of roles may run: ``workers`` (CS-2 workers and their activation servers) and
+    ``servers`` (MemoryX shards and SwarmX nodes). The default: any node given."""
+
+    workers: NodeRule = field(default_factory=NodeRule)
+    servers: NodeRule = field(default_factory=NodeRule)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Each role's node, by role name (``worker-0``...)."""
+
+    nodes: Mapping[str, Node]
+
+    def node_names(self) -> list[str]:
+        """Every node the job uses, each once, in Slurm's order."""
+        return [n.name for n in _in_order({n.name: n for n in self.nodes.values()}.values())]
+
+    def roles_on(self, node: str) -> list[str]:
+        return [role for role, n in self.nodes.items() if n.name == node]
+
+
+def _natural(name: str) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _in_order(nodes: Iterable[Node]) -> list[Node]:
+    return sorted(nodes, key=lambda n: _natural(n.name))
+
+
+def place(counts: Mapping[str, int], nodes: Sequence[Node], rules: PlacementRules | None = None) -> Placement:
+    """Each role of a job with ``counts`` roles of each kind (memoryx, swarmx, activation, worker) on one
+    of ``nodes`` (those that may serve: idle ones, or an allocation's), following ``rules``. Raises
+    PlacementError naming what is missing when the nodes cannot hold the job."""
+    rules = rules or PlacementRules()
+    ordered = _in_order(nodes)
+    num_workers = counts.get("worker", 0)
+    worker_nodes = [n for n in ordered if rules.workers.admits(n)][:num_workers]
+    if len(worker_nodes) < num_workers:
+        have = ", ".join(n.name for n in worker_nodes) or "none"
+        raise PlacementError(
+            f"{num_workers} CS-2 workers need {num_workers} nodes of their own ({rules.workers.describe()}); "
+            f"{len(worker_nodes)} of the {len(ordered)} nodes given can serve them: {have}"
+        )
+    out: dict[str, Node] = {f"worker-{i}": node for i, node in enumerate(worker_nodes)}
+    for a in range(counts.get("activation", 0)):
+        if num_workers == 0:
+            raise PlacementError("activation servers go beside CS-2 workers, and the job has none")
+        out[f"activation-{a}"] = worker_nodes[a % num_workers]
+    servers = [f"{kind}-{i}" for kind in SERVER_KINDS for i in range(counts.get(kind, 0))]
+    if servers:
+        eligible = [n for n in ordered if rules.servers.admits(n)]
+        taken = {n.name for n in worker_nodes}
+        apart = [n for n in eligible if n.name not in taken]
+        # on nodes of their own while there are any; beside the workers only on a cluster without spare nodes
+        pool = apart or eligible
+        if not pool:
+            raise PlacementError(
+                f"{len(servers)} MemoryX and SwarmX roles need a node ({rules.servers.describe()}); "
+                f"none of the {len(ordered)} nodes given can serve them"
+            )
+        for i, role in enumerate(servers):
+            out[role] = pool[i % len(pool)]
+    return Placement(out)

@@ -1,0 +1,246 @@
+"""`weightstream run --backend slurm` on a real Slurm cluster of four emulated hosts: each role runs on the
+host its placement names at that host's address, the credential shows nowhere, a SIGKILLed role is
+replaced, and the final checkpoint is bitwise the one-host run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from testbed.slurm import SlurmCluster
+from tests.integration.backends.slurm_job import (
+    PYTHONPATH,
+    host_processes,
+    slurm_jobs,
+    tiny_gpt2,
+    weightstream_run,
+)
+
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]
+
+TOKEN = re.compile(rb"[0-9a-f]{64}")  # a role credential as transport.auth makes them
+CHECKPOINT_FILES = ("model", "optimizer")
+
+
+def checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
+    """Every weight and optimizer file of ``checkpoint_<step>``, by name."""
+    ckpt = model_dir / f"checkpoint_{step}"
+    files = {f.name: f.read_bytes() for f in ckpt.glob("*.safetensors")}
+    assert {name.split("-")[0].split(".")[0] for name in files} == set(CHECKPOINT_FILES), sorted(files)
+    return files
+
+
+def assert_placed_where_it_ran(cluster: SlurmCluster, logs: Path) -> dict[str, str]:
+    """Each role's ready file names the host placement.json gave it, and that host's address."""
+    placed = json.loads((logs / "placement.json").read_text())["roles"]
+    addresses = {h.name: h.address for h in cluster.hosts}
+    for role, host in placed.items():
+        ready = json.loads((logs / f"{role}.ready.json").read_text())
+        assert ready["host"] == host, (role, ready)
+        assert ready["address"].rsplit(":", 1)[0] == addresses[host], (role, ready)
+    return placed
+
+
+def test_gpt2_on_two_csx_across_hosts_is_bitwise_the_one_host_run(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params = tiny_gpt2(tmp_path)
+    local = weightstream_run(None, params, tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    done = weightstream_run(slurm_cluster, params, tmp_path / "slurm", "--backend", "slurm")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    placed = assert_placed_where_it_ran(slurm_cluster, tmp_path / "slurm" / "logs")
+    assert placed["worker-0"] != placed["worker-1"]
+    assert placed["activation-0"] == placed["worker-0"]
+    servers = {placed[r] for r in ("memoryx-0", "memoryx-1", "swarmx-0")}
+    assert servers.isdisjoint({placed["worker-0"], placed["worker-1"]})
+    assert len(set(placed.values())) >= 3
+    final = checkpoint_bytes(tmp_path / "slurm", 4)
+    assert final == checkpoint_bytes(tmp_path / "local", 4)
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+    # a later run that fails (here: a partition that does not exist) loses no checkpoint
+    failed = weightstream_run(slurm_cluster, params, tmp_path / "slurm", "--backend", "slurm",
+                              "--max_steps", "8", "--partition", "gpus")  # fmt: skip
+    assert failed.returncode == 1 and "no partition 'gpus'" in failed.stderr
+    assert checkpoint_bytes(tmp_path / "slurm", 4) == final
+
+
+def start_run(cluster: SlurmCluster, params: Path, model_dir: Path) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "weightstream.cli", "run", str(params), "--num_csx", "2",
+            "--model_dir", str(model_dir), "--backend", "slurm"]  # fmt: skip
+    return subprocess.Popen(cluster.command(argv), env={**cluster.env, "PYTHONPATH": PYTHONPATH},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)  # the run's files are its only signal to a test outside it
+
+
+def steps_logged(model_dir: Path) -> int:
+    metrics = model_dir / "metrics.jsonl"
+    return sum('"loss"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def root_pid(cluster: SlurmCluster, host: str, inner_pid: int) -> int:
+    """The machine's PID of process ``inner_pid`` of ``host``'s PID namespace."""
+    for pid in cluster.hosts[host].processes():
+        nspid = Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split("\n")[0].split()
+        if int(nspid[-1]) == inner_pid:
+            return pid
+    raise LookupError(f"no process {inner_pid} on {host}")
+
+
+def test_credential_shows_nowhere_and_a_killed_role_is_replaced_bitwise(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params = tiny_gpt2(tmp_path, steps=12)
+    local = weightstream_run(None, params, tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    model_dir, logs = tmp_path / "slurm", tmp_path / "slurm" / "logs"
+    run = start_run(slurm_cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        # while every role runs: no credential in what Slurm records, nor in any command line or environment
+        job = json.loads((logs / "placement.json").read_text())["slurm_job"]
+        said = [slurm_cluster.run(argv, capture_output=True, timeout=60, check=True).stdout
+                for argv in (["scontrol", "show", "job", job], ["squeue", "--steps", "--format=%all"],
+                             ["scontrol", "show", "step", job])]  # fmt: skip
+        assert job.encode() in said[0]
+        for text in said:
+            assert not TOKEN.search(text), text
+        pids = [p for host in slurm_cluster.hosts for p in host.processes()]
+        pids += [p.pid for p in psutil.Process(run.pid).children(recursive=True)]  # srun, coordinator
+        for pid in pids:
+            for what in ("cmdline", "environ"):
+                try:
+                    data = Path(f"/proc/{pid}/{what}").read_bytes()
+                except OSError:
+                    continue  # gone meanwhile
+                assert not TOKEN.search(data), (pid, what, data[:300])
+        # SIGKILL worker-1 on its host: it comes back on that host, and training goes on
+        before = json.loads((logs / "worker-1.ready.json").read_text())
+        os.kill(root_pid(slurm_cluster, before["host"], before["pid"]), signal.SIGKILL)
+        out, _ = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+    assert run.returncode == 0, out[-3000:]
+    assert "restart 1/" in out, out[-3000:]
+    after = json.loads((logs / "worker-1.ready.json").read_text())
+    assert after["host"] == before["host"] and after["pid"] != before["pid"]
+    assert_placed_where_it_ran(slurm_cluster, logs)
+    assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_inside_an_allocation_the_job_uses_it_and_leaves_it_to_its_owner(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # salloc runs the command here with SLURM_JOB_ID set, as a user at a login node does
+    params, model_dir = tiny_gpt2(tmp_path, steps=2), tmp_path / "model"
+    argv = ["salloc", "--nodes=3", "--exclusive", "--job-name=mine",
+            sys.executable, "-m", "weightstream.cli", "run", str(params), "--num_csx", "2",
+            "--model_dir", str(model_dir), "--backend", "slurm"]  # fmt: skip
+    done = slurm_cluster.run(argv, capture_output=True, text=True, timeout=240, check=False,
+                             env={"PYTHONPATH": PYTHONPATH})  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    granted = re.search(r"Granted job allocation (\d+)", done.stderr)
+    assert granted is not None, done.stderr
+    record = json.loads((model_dir / "logs" / "placement.json").read_text())
+    assert record["slurm_job"] == granted[1]
+    placed = assert_placed_where_it_ran(slurm_cluster, model_dir / "logs")
+    assert set(placed.values()) == {"h1", "h2", "h3"}  # the allocation's nodes, and no other
+    assert (model_dir / "checkpoint_2").is_dir()
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_the_sbatch_example_of_the_docs_runs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    # docs/slurm.md's script, with this test's paths: the coordinator runs on the batch node (h1)
+    params, model_dir = tiny_gpt2(tmp_path, steps=2), tmp_path / "model"
+    script = tmp_path / "gpt2.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --job-name=gpt2
+#SBATCH --nodes=4
+#SBATCH --exclusive
+# a lost node takes its roles, not the job: they are replaced on the other nodes
+#SBATCH --no-kill
+#SBATCH --output={tmp_path}/gpt2-%j.out
+
+# model_dir must be on a filesystem every node of the job sees (NFS, Lustre, GPFS...)
+{sys.executable} -m weightstream.cli run {params} --num_csx 2 --backend slurm --model_dir {model_dir}
+""")
+    done = slurm_cluster.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=240,
+                             check=False, env={"PYTHONPATH": PYTHONPATH})  # fmt: skip
+    job = re.search(r"Submitted batch job (\d+)", done.stdout)
+    assert job is not None, done.stdout + done.stderr
+    output = (tmp_path / f"gpt2-{job[1]}.out").read_text()
+    assert done.returncode == 0, output[-3000:]
+    assert json.loads((model_dir / "logs" / "placement.json").read_text())["slurm_job"] == job[1]
+    assert_placed_where_it_ran(slurm_cluster, model_dir / "logs")
+    assert "done: steps 0→2" in output
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_a_role_whose_host_is_lost_comes_back_on_another_node(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params = tiny_gpt2(tmp_path, steps=12)
+    local = weightstream_run(None, params, tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    model_dir, logs = tmp_path / "slurm", tmp_path / "slurm" / "logs"
+    run = start_run(slurm_cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        lost = json.loads((logs / "worker-1.ready.json").read_text())["host"]
+        slurm_cluster.hosts.kill(lost)  # every process on it, its slurmd among them
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+    assert run.returncode == 0, out[-3000:]
+    after = json.loads((logs / "worker-1.ready.json").read_text())
+    assert after["host"] != lost, after
+    assert "restart 1/" in out, out[-3000:]
+    assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
+    assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
+
+
+def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    params, model_dir = tiny_gpt2(tmp_path, steps=50), tmp_path / "slurm"
+    run = start_run(slurm_cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        children = psutil.Process(run.pid).children(recursive=True)  # its sruns and the salloc
+        assert any(c.name() == "salloc" for c in children) and any(c.name() == "srun" for c in children)
+        run.kill()  # the coordinator itself (nsenter -n execs it)
+        run.communicate(timeout=30)
+        deadline = time.monotonic() + 60
+        while (
+            slurm_jobs(slurm_cluster)
+            or host_processes(slurm_cluster)
+            or any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+        ):
+            assert time.monotonic() < deadline, (slurm_jobs(slurm_cluster), host_processes(slurm_cluster))
+            time.sleep(0.5)  # Slurm tells no one when it has ended a job: its state is polled
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
