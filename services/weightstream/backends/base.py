@@ -7,10 +7,12 @@ recovery), and stops everything, leaving nothing behind.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Backend", "BackendError", "RoleSpec"]
+__all__ = ["Backend", "BackendError", "RoleSpec", "by_kind", "read_ready", "ready_file"]
 
 
 class BackendError(RuntimeError):
@@ -59,3 +61,25 @@ class Backend(Protocol):
     def stop(self) -> None:
         """Stop every role; idempotent; returns when none is left."""
         ...
+
+
+def ready_file(run_dir: Path, role: RoleSpec) -> Path:
+    """Where the process serving ``role`` writes ``{"address", "host", "pid"}`` once it listens (and a
+    replacement writes it again)."""
+    return run_dir / f"{role.name}.ready.json"
+
+
+def read_ready(run_dir: Path, roles: list[RoleSpec], addresses: dict[RoleSpec, str]) -> None:
+    """Add to ``addresses`` the address of each of ``roles`` whose ready file has appeared."""
+    for role in roles:
+        f = ready_file(run_dir, role)
+        if role not in addresses and f.exists():
+            addresses[role] = json.loads(f.read_text())["address"]
+
+
+def by_kind(addresses: dict[RoleSpec, str]) -> dict[str, list[str]]:
+    """Addresses by kind, each kind's in index order: what ``Backend.wait_ready`` returns."""
+    out: dict[str, list[str]] = {}
+    for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
+        out.setdefault(role.kind, []).append(addresses[role])
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.base import BackendError, RoleSpec, by_kind, read_ready, ready_file
 from weightstream.backends.environment import role_env, without_secrets
 
 __all__ = ["LocalProcessBackend", "describe_exit"]
@@ -49,7 +48,7 @@ class LocalProcessBackend:
         self._lock = threading.Lock()
 
     def _ready_file(self, role: RoleSpec) -> Path:
-        return self.run_dir / f"{role.name}.ready.json"
+        return ready_file(self.run_dir, role)
 
     def _env(self, role: RoleSpec, num_workers: int) -> dict[str, str]:
         """All roles share this machine's cores: the workers split them. A role inherits this process's
@@ -134,20 +133,14 @@ class LocalProcessBackend:
             dead = self.failures()
             if dead:
                 raise BackendError("; ".join(dead))
-            for role in procs:
-                f = self._ready_file(role)
-                if role not in addresses and f.exists():
-                    addresses[role] = json.loads(f.read_text())["address"]
+            read_ready(self.run_dir, list(procs), addresses)
             if time.monotonic() > deadline:
                 missing = sorted(r.name for r in procs if r not in addresses)
                 raise BackendError(
                     f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.run_dir})"
                 )
             time.sleep(0.05)
-        out: dict[str, list[str]] = {}
-        for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
-            out.setdefault(role.kind, []).append(addresses[role])
-        return out
+        return by_kind(addresses)
 
     def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:

@@ -4,7 +4,9 @@ left to do is recognised from one small file."""
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +16,20 @@ from weightstream.params import ParamsError, load_params, model_def, read_params
 from weightstream.params.size import num_params
 from weightstream.training.preflight import finished_step, run_checks
 
+Small = Callable[..., dict[str, Any]]
 
-def _small(tmp_path: Path, **model: Any) -> dict[str, Any]:
-    return {
-        "train_input": {
-            "data_processor": "SyntheticDataProcessor",
-            "batch_size": 8,
-            "max_sequence_length": 16,
-        },
-        "model": {
-            "name": "gpt2",
-            "vocab_size": 256,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_heads": 4,
-            "max_position_embeddings": 16,
-            **model,
-        },
-        "optimizer": {"optimizer_type": "adamw", "learning_rate": 1.0e-3},
-        "runconfig": {"max_steps": 4, "model_dir": str(tmp_path / "model_dir")},
-    }
+
+@pytest.fixture
+def small_at(small: dict[str, Any], tmp_path: Path) -> Small:
+    """The small params file with its model_dir under the test's tmp dir and ``model`` keys changed."""
+
+    def make(**model: Any) -> dict[str, Any]:
+        raw = copy.deepcopy(small)
+        raw["model"].update(model)
+        raw["runconfig"]["model_dir"] = str(tmp_path / "model_dir")
+        return raw
+
+    return make
 
 
 def _problems(raw: dict[str, Any]) -> list[str]:
@@ -42,13 +38,15 @@ def _problems(raw: dict[str, Any]) -> list[str]:
     return [str(q) for q in e.value.problems]
 
 
-def test_a_valid_file_passes(tmp_path: Path) -> None:
-    p = read_params(_small(tmp_path), resolve=run_checks).params
+def test_a_valid_file_passes(tmp_path: Path, small_at: Small) -> None:
+    p = read_params(small_at(), resolve=run_checks).params
     assert p.model.hidden_size == 32
 
 
-def test_a_missing_data_dir_is_named_with_its_path(tmp_path: Path) -> None:
-    raw = _small(tmp_path)
+def test_a_missing_data_dir_is_named_with_its_path(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    raw = small_at()
     raw["train_input"] |= {"data_processor": "TextFileDataProcessor", "data_dir": str(tmp_path / "nope")}
     assert _problems(raw) == [
         f"train_input.data_dir: data_dir {str(tmp_path / 'nope')!r} is not a directory "
@@ -56,10 +54,12 @@ def test_a_missing_data_dir_is_named_with_its_path(tmp_path: Path) -> None:
     ]
 
 
-def test_a_batch_larger_than_an_epoch_is_refused_at_batch_size(tmp_path: Path) -> None:
+def test_a_batch_larger_than_an_epoch_is_refused_at_batch_size(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "a.txt").write_text("x" * 100, encoding="utf-8")  # 6 samples of 16 tokens
-    raw = _small(tmp_path)
+    raw = small_at()
     raw["train_input"] |= {
         "data_processor": "TextFileDataProcessor",
         "data_dir": str(tmp_path / "text"),
@@ -71,8 +71,10 @@ def test_a_batch_larger_than_an_epoch_is_refused_at_batch_size(tmp_path: Path) -
     ]
 
 
-def test_an_absurd_size_is_refused_with_its_count_and_the_limit(tmp_path: Path) -> None:
-    raw = _small(tmp_path, hidden_size=10**12, num_heads=4)
+def test_an_absurd_size_is_refused_with_its_count_and_the_limit(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    raw = small_at(hidden_size=10**12, num_heads=4)
     (problem,) = _problems(raw)
     n = num_params(load_params(raw).model)
     assert n > 2**63  # beyond int64: counted exactly all the same
@@ -83,13 +85,17 @@ def test_an_absurd_size_is_refused_with_its_count_and_the_limit(tmp_path: Path) 
     assert problem.endswith("(got 1000000000000)")
 
 
-def test_parameter_counts_are_exact_beyond_int64(tmp_path: Path) -> None:
-    p = load_params(_small(tmp_path, hidden_size=2**33, num_heads=4))
+def test_parameter_counts_are_exact_beyond_int64(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    p = load_params(small_at(hidden_size=2**33, num_heads=4))
     assert model_def(p).num_params == num_params(p.model) > 2**63
 
 
-def test_data_and_params_problems_come_together(tmp_path: Path) -> None:
-    raw = _small(tmp_path)
+def test_data_and_params_problems_come_together(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    raw = small_at()
     raw["train_input"] |= {"data_processor": "TextFileDataProcessor", "data_dir": str(tmp_path / "nope")}
     raw["runconfig"]["max_steps"] = -1
     assert [q.split(":")[0] for q in _problems(raw)] == ["runconfig.max_steps", "train_input.data_dir"]
@@ -101,15 +107,17 @@ def _checkpoint(model_dir: Path, step: int) -> None:
     (d / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
 
 
-def test_a_finished_run_is_recognised_from_its_newest_checkpoint(tmp_path: Path) -> None:
-    p = load_params(_small(tmp_path))
+def test_a_finished_run_is_recognised_from_its_newest_checkpoint(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    p = load_params(small_at())
     assert finished_step(p) is None
     _checkpoint(tmp_path / "model_dir", 2)
     assert finished_step(p) is None  # 2 of 4 steps: a run resumes
     _checkpoint(tmp_path / "model_dir", 4)
     assert finished_step(p) == 4
     p = load_params(
-        _small(tmp_path)
+        small_at()
         | {
             "runconfig": {
                 "max_steps": 4,
@@ -121,22 +129,26 @@ def test_a_finished_run_is_recognised_from_its_newest_checkpoint(tmp_path: Path)
     assert finished_step(p) is None  # starts over
 
 
-def test_a_model_too_deep_names_its_depth(tmp_path: Path) -> None:
+def test_a_model_too_deep_names_its_depth(tmp_path: Path, small_at: Small) -> None:
     # one layer of this width fits anywhere: the number of layers is what to change
-    (problem,) = _problems(_small(tmp_path, num_hidden_layers=10**9))
+    (problem,) = _problems(small_at(num_hidden_layers=10**9))
     assert problem.startswith("model.num_hidden_layers: gives a model of ")
     assert problem.endswith("(got 1000000000)")
 
 
-def test_a_cross_section_problem_does_not_hide_the_data(tmp_path: Path) -> None:
-    raw = _small(tmp_path)
+def test_a_cross_section_problem_does_not_hide_the_data(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    raw = small_at()
     raw["train_input"] |= {"data_processor": "TextFileDataProcessor", "data_dir": str(tmp_path / "nope")}
     raw["runconfig"]["num_csx"] = 3  # batch_size 8 cannot be split over 3 workers
     assert [q.split(":")[0] for q in _problems(raw)] == ["train_input.batch_size", "train_input.data_dir"]
 
 
-def test_data_is_not_opened_without_the_keys_it_needs(tmp_path: Path) -> None:
-    raw = _small(tmp_path)
+def test_data_is_not_opened_without_the_keys_it_needs(
+    tmp_path: Path, small_at: Callable[..., dict[str, Any]]
+) -> None:
+    raw = small_at()
     raw["train_input"] = {
         "data_processor": "TextFileDataProcessor",
         "data_dir": str(tmp_path),

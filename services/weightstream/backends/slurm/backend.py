@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.base import BackendError, RoleSpec, by_kind, read_ready, ready_file
 from weightstream.backends.environment import role_env, without_secrets
 from weightstream.backends.slurm import commands as slurm
 from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
@@ -215,7 +215,7 @@ class SlurmBackend:
         (self.run_dir / "placement.json").write_text(json.dumps(record, indent=1) + "\n")
 
     def _ready_file(self, role: RoleSpec) -> Path:
-        return self.run_dir / f"{role.name}.ready.json"
+        return ready_file(self.run_dir, role)
 
     def _step_name(self, role: RoleSpec) -> str:
         return f"{self.job_name}.{self._tag}.{role.name}"
@@ -282,10 +282,7 @@ class SlurmBackend:
             dead = self.failures()
             if dead:
                 raise BackendError("; ".join(dead) + self._where())
-            for role in procs:
-                f = self._ready_file(role)
-                if role not in addresses and f.exists():
-                    addresses[role] = json.loads(f.read_text())["address"]
+            read_ready(self.run_dir, list(procs), addresses)
             if time.monotonic() > deadline:
                 missing = [f"{r.name} on {self.nodes[r].name}" for r in procs if r not in addresses]
                 raise BackendError(
@@ -293,10 +290,7 @@ class SlurmBackend:
                     f"(see {self.run_dir})"
                 )
             time.sleep(0.05)
-        out: dict[str, list[str]] = {}
-        for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
-            out.setdefault(role.kind, []).append(addresses[role])
-        return out
+        return by_kind(addresses)
 
     def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:

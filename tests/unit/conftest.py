@@ -1,4 +1,4 @@
-"""A small valid params file in the legacy layout, for tests to change one key of."""
+"""Shared by the unit tests: a small valid params file (legacy layout) for a test to change a key of."""
 
 from __future__ import annotations
 
