@@ -49,17 +49,17 @@ print(json.dumps({"t0": t0, "t1": time.monotonic()}))
 """
 
 
+def sent_by_host(ip_json: str, names: set[str]) -> dict[str, int]:
+    """Bytes each host in ``names`` has sent, from ``ip -j -s link show`` in the switch: a host's link
+    ends there in a port named after it, and what that port received is what the host sent."""
+    return {d["ifname"]: d["stats64"]["rx"]["bytes"] for d in json.loads(ip_json) if d["ifname"] in names}
+
+
 def link_sent(hosts: EmulatedHosts) -> dict[str, int]:
-    """Bytes each host's link has sent so far: what its switch port (named after it) has received."""
-    out = subprocess.run(
-        hosts.switch_command(["ip", "-j", "-s", "link", "show"]),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    names = {h.name for h in hosts}
-    return {d["ifname"]: d["stats64"]["rx"]["bytes"] for d in json.loads(out) if d["ifname"] in names}
+    """Bytes each host's link has sent so far."""
+    argv = hosts.switch_command(["ip", "-j", "-s", "link", "show"])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    return sent_by_host(out, {h.name for h in hosts})
 
 
 def job_raw(hidden: int) -> dict[str, Any]:

@@ -111,9 +111,9 @@ def figures(
 # -- the job on Slurm ----------------------------------------------------------------------------------------
 def slurm_step_s(
     slurm: SlurmCluster, raw: dict[str, Any], work: Path, name: str, a: argparse.Namespace
-) -> float:
-    """Median step time (after ``--skip``) of ``weightstream run --backend slurm`` of ``raw``, started where
-    a user of the cluster starts it; each role on the node its placement names."""
+) -> tuple[float, dict[str, str]]:
+    """(median step time after ``--skip``, role -> host) of ``weightstream run --backend slurm`` of ``raw``,
+    started where a user of the cluster starts it; each role on the node its placement names."""
     model_dir = work / name
     model_dir.mkdir()
     path = model_dir / "params.yaml"
@@ -143,7 +143,7 @@ def slurm_step_s(
         raise RuntimeError(f"weightstream run --backend slurm failed: {done.stderr[-3000:]}")
     placed = json.loads((model_dir / "logs" / "placement.json").read_text())["roles"]
     progress(f"{name}: roles on {placed}")
-    return median_steps(read_metrics(model_dir / "metrics.jsonl"), a.skip)
+    return median_steps(read_metrics(model_dir / "metrics.jsonl"), a.skip), placed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -211,11 +211,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             busiest, link_ratio = busiest_link(sent, seconds, LINK_RATE)
             with SlurmCluster(hosts) as slurm:
                 progress("N=2 across hosts, links unlimited")
-                cross_s = slurm_step_s(slurm, job2, work, "unlimited", a)
+                cross_s, placement = slurm_step_s(slurm, job2, work, "unlimited", a)
                 for h in hosts:
                     hosts.set_rate(h.name, LINK_RATE)
                 progress(f"N=2 across hosts, links at {LINK_RATE}")
-                cross_1g_s = slurm_step_s(slurm, job2, work, LINK_RATE, a)
+                cross_1g_s, _ = slurm_step_s(slurm, job2, work, LINK_RATE, a)
     link_bytes = parse_rate(LINK_RATE) / 8
     predicted = {
         "unlimited": predict_one(cluster, workload, 2).step_s,  # type: ignore[union-attr]
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **figures(link_ratio, cross_s, local_s, errors),
         "config": {k: v for k, v in vars(a).items() if k != "deadline" and not isinstance(v, Path)},
         "model": workload.model,
+        "placement": placement,  # role -> the host it ran on, across hosts
         "broadcast": {"link_sent_bytes": sent, "seconds": round(seconds, 3), "busiest": busiest},
         "step_s": {
             "one_host": round(local_s, 4),
