@@ -45,7 +45,7 @@ get = tensors_out_client(open_channel(address, token, plane=NETWORK), "SwarmX", 
 t0 = time.monotonic()
 for i in range(int(repeats)):
     read_messages(get(pb.UnitRequest(step=0, unit=1, phase=100 + i)), None)
-print(json.dumps({"t0": t0, "t1": time.monotonic()}))
+sys.stdout.write(json.dumps({"t0": t0, "t1": time.monotonic()}) + "\\n")
 """
 
 
