@@ -188,6 +188,28 @@ BENCHES: dict[str, Bench] = {
             ),
         ),
     ),
+    "hosts": Bench(
+        "Across hosts",
+        (
+            Figure(
+                "broadcast through SwarmX, every link 1 Gbit/s: busiest link's bytes/s / link rate",
+                _at("broadcast_link_ratio_1gbit"),
+                Target(GE, 0.8),
+            ),
+            Figure(
+                "step, num_csx 2, each worker on its own host / every role on one host",
+                _at("cross_host_step_ratio"),
+                Target(LE, 1.15),
+            ),
+            Figure(
+                "`weightstream simulate` across hosts, unlimited and 1 Gbit/s: larger |error|",
+                _at("simulate_max_error"),
+                Target(LE, 0.15),
+            ),
+            Figure("step across hosts, links unlimited", _at("step_s", "across_hosts"), unit="s"),
+            Figure("step across hosts, links 1 Gbit/s", _at("step_s", "across_hosts_1gbit"), unit="s"),
+        ),
+    ),
 }
 
 
@@ -314,8 +336,18 @@ def render(records: Iterable[Record]) -> str:
     for bench in order:
         found = sorted((r for (b, _), r in newest.items() if b == bench), key=machine_name)
         if not found:
+            out += [render_awaiting(bench)]  # a bench the page knows: its targets, before its first run
             continue
         title = BENCHES[bench].title if bench in BENCHES else bench
         out += [f"## {title}", "", f"From `bench/results/{bench}.jsonl`.", ""]
         out += [render_record(r) for r in found]
     return "\n".join(out)
+
+
+def render_awaiting(bench: str) -> str:
+    """A known bench with no record yet: its figures and their targets, and the command to measure them."""
+    title, command = BENCHES[bench].title, f"python bench/{bench}.py"
+    intro = f"Not measured yet: no record in `bench/results/{bench}.jsonl`. Its figures and their targets:"
+    lines = [f"## {title}", "", intro, "", "```bash", command, "```", "", "| figure | target |", "|---|---|"]
+    lines += [f"| {fig.label} | {fig.target or ''} |" for fig in BENCHES[bench].figures]
+    return "\n".join(lines) + "\n"
