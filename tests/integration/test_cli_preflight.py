@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
@@ -86,6 +87,8 @@ def test_the_key_report_is_short_unless_asked(tmp_path: Path) -> None:
     assert "keys used as written" not in weightstream("validate", str(f), "--keys", "none").stdout
 
 
+# a real run interrupted with SIGINT (~6 s); the message itself is unit-tested (test_interrupted_message)
+@pytest.mark.slow
 def test_ctrl_c_without_a_checkpoint_says_what_was_lost(tmp_path: Path) -> None:
     p = yaml.safe_load((EXAMPLES / "gpt2_synthetic.yaml").read_text(encoding="utf-8"))
     p["trainer"]["init"]["model_dir"] = str(tmp_path / "model_dir")

@@ -7,9 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.integration.jobs.live_api import TOKEN, ServeProcess
 
 
+# a real service started and stopped with SIGTERM (~6 s); its lines are unit-tested (test_serve_banner)
+@pytest.mark.slow
 def test_serve_prints_where_everything_is_and_what_a_stop_does(tmp_path: Path) -> None:
     corpora = tmp_path / "corpora"
     corpora.mkdir()
