@@ -278,9 +278,8 @@ class SlurmBackend:
             if dead:
                 raise BackendError("; ".join(dead) + self._where())
             for role in procs:
-                f = self._ready_file(role)
-                if role not in addresses and f.exists():
-                    addresses[role] = json.loads(f.read_text())["address"]
+                if role not in addresses and self._ready_file(role).exists():
+                    addresses[role] = json.loads(self._ready_file(role).read_text())["address"]
             if time.monotonic() > deadline:
                 missing = [f"{r.name} on {self.nodes[r].name}" for r in procs if r not in addresses]
                 raise BackendError(
@@ -356,8 +355,7 @@ class SlurmBackend:
         if job is None:
             return
         try:
-            ours = self._our_steps(job)
-            slurm.cancel(ours, "TERM", self.environ)
+            slurm.cancel(self._our_steps(job), "TERM", self.environ)
             deadline = time.monotonic() + grace_s
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -375,8 +373,10 @@ class SlurmBackend:
 
     def _release(self, job: str) -> None:
         """End the allocation this backend made, and wait until Slurm no longer lists it."""
-        if self._holder is not None:
-            slurm.release(self._holder)
+        with self._lock:  # stop() may run on two threads at once: a cancel, and the run winding down
+            holder, self._holder = self._holder, None
+        if holder is not None:
+            slurm.release(holder)
         slurm.cancel([job], env=self.environ)  # were salloc to have left it (salloc killed, say)
         self._wait_gone(job)
 
