@@ -22,15 +22,17 @@ PORT = 8080  # in the switch's network namespace, which this test made: nothing 
 class SlurmService:
     """A `weightstream serve --backend slurm` on ``data_dir``; its output goes to ``<data_dir>.log``."""
 
-    def __init__(self, cluster: SlurmCluster, data_dir: Path) -> None:
-        self.cluster, self.data_dir = cluster, data_dir
+    def __init__(self, cluster: SlurmCluster, data_dir: Path, *args: str) -> None:
+        """``args``: more `serve` options (placement)."""
+        self.cluster, self.data_dir, self.args = cluster, data_dir, args
         self.log = data_dir.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.env = {"PYTHONPATH": PYTHONPATH, "WEIGHTSTREAM_TOKEN": TOKEN, "COLUMNS": "200"}
 
     def start(self) -> SlurmService:
         argv = [sys.executable, "-m", "weightstream.cli", "serve", "--port", str(PORT), "--grpc-port", "0",
-                "--data-dir", str(self.data_dir), "--slots", "2", "--backend", "slurm"]  # fmt: skip
+                "--data-dir", str(self.data_dir), "--slots", "2", "--backend", "slurm",
+                *self.args]  # fmt: skip
         with open(self.log, "ab") as out:  # a restart's output follows its predecessor's
             # nsenter -n execs the service: this Popen is the service itself
             self.proc = subprocess.Popen(self.cluster.command(argv), env={**self.cluster.env, **self.env},

@@ -77,6 +77,17 @@ def test_a_job_runs_as_a_slurm_job_and_cancel_leaves_nothing(
     assert nothing_left(slurm_cluster)
 
 
+def test_the_service_places_its_jobs_by_its_options(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    service = SlurmService(slurm_cluster, tmp_path / "data", "--partition", "gpus").start()
+    try:
+        job = service.wsctl("submit", str(gpt2(tmp_path, 2)), "--num_csx", "2").strip()
+        info = service.wait_status(job, "succeeded", "failed", timeout=60)
+    finally:
+        service.close()
+    assert info["status"] == "failed" and "no partition 'gpus'" in info["error"], info
+    assert nothing_left(slurm_cluster)
+
+
 @pytest.mark.slow
 def test_a_sigkilled_service_resumes_its_job_bitwise(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     params = gpt2(tmp_path, 60, checkpoint_steps=10)
