@@ -1,5 +1,5 @@
 """``weightstream serve``: the coordinator as a long-lived service (REST, gRPC, the dashboard) over a
-persistent job queue, with local processes or Kubernetes pods for the jobs' roles."""
+persistent job queue, with local processes, Kubernetes pods or Slurm jobs for the jobs' roles."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from weightstream import serve_options as limit
+from weightstream import slurm_options as slurm
 
 __all__ = ["no_data_claim", "serve"]
 
@@ -41,7 +42,9 @@ def serve(
         "./weightstream-data"
     ),
     slots: Annotated[int, typer.Option(min=1, help="CS-2 workers the service may run at once")] = 4,
-    backend: Annotated[str, typer.Option(help="local (processes here) or kubernetes (pods)")] = "local",
+    backend: Annotated[
+        str, typer.Option(help="local (processes here), kubernetes (pods) or slurm (a Slurm job per job)")
+    ] = "local",
     namespace: Annotated[str, typer.Option(help="kubernetes: where job pods go")] = "default",
     image: Annotated[
         str, typer.Option(help="kubernetes: the weightstream image for job pods")
@@ -51,6 +54,9 @@ def serve(
     overhead_mib: Annotated[
         int, typer.Option("--overhead-mib", help="kubernetes: memory added per pod")
     ] = 512,
+    partition: slurm.Partition = None,
+    worker_features: slurm.WorkerFeatures = None,
+    server_features: slurm.ServerFeatures = None,
     token: Annotated[
         str | None, typer.Option(envvar="WEIGHTSTREAM_TOKEN", help="API bearer token", show_default=False)
     ] = None,
@@ -65,7 +71,8 @@ def serve(
     keep_checkpoint_max: limit.KeepCheckpointMax = limit.DEFAULTS.keep_checkpoint_max or 0,
     user_name: limit.UserName = "",
 ) -> None:
-    """Run the coordinator as a service: the REST API over a persistent job queue (local processes).
+    """Run the coordinator as a service: the REST API over a persistent job queue (local processes,
+    Kubernetes pods, or one Slurm job per job: its --data-dir then on a filesystem every node sees).
     Once it listens it prints the dashboard's URL, the API's base, the job store and the data roots.
     SIGTERM or Ctrl-C stops it: running jobs go back to the queue and resume from their last checkpoint
     after a restart."""
@@ -84,8 +91,8 @@ def serve(
     if not token:
         err.print("[red]error:[/red] set WEIGHTSTREAM_TOKEN (or --token): every /v1 route needs it")
         raise typer.Exit(2)
-    if backend not in ("local", "kubernetes"):
-        err.print(f"[red]error:[/red] --backend must be local or kubernetes, not {backend!r}")
+    if backend not in ("local", "kubernetes", "slurm"):
+        err.print(f"[red]error:[/red] --backend must be local, kubernetes or slurm, not {backend!r}")
         raise typer.Exit(2)
     if backend == "kubernetes" and not client_available():
         err.print(
@@ -115,7 +122,8 @@ def serve(
             overhead_mib=overhead_mib,
             data_roots=tuple(map(str, roots)),
         )
-        config = ServiceConfig(data_dir.resolve(), slots, backend, cluster, roots, limits, user_name)
+        rules = slurm.placement_rules(partition, worker_features, server_features)
+        config = ServiceConfig(data_dir.resolve(), slots, backend, cluster, rules, roots, limits, user_name)
         service = JobService(config)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)

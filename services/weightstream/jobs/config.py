@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from weightstream.backends.kubernetes.manifests import ClusterConfig
+from weightstream.backends.slurm.placement import PlacementRules
 from weightstream.jobs.data_roots import resolve_data_roots
 from weightstream.jobs.limits import MAX_LABEL_LENGTH, ServiceLimits
 
@@ -19,8 +20,10 @@ __all__ = ["ServiceConfig", "default_user_name"]
 class ServiceConfig:
     data_dir: Path
     slots: int  # CS-2 the service may run at once, over all jobs
-    backend: str = "local"  # local: processes on this machine; kubernetes: pods in cluster.namespace
+    # local: processes on this machine; kubernetes: pods in cluster.namespace; slurm: one Slurm job each
+    backend: str = "local"
     cluster: ClusterConfig | None = None
+    slurm: PlacementRules | None = None  # slurm: which nodes serve which roles (None: any node)
     # where submitted jobs may read data; () means <data_dir>/datasets. Resolved (real paths) on creation
     data_roots: tuple[Path, ...] = ()
     limits: ServiceLimits = field(default_factory=ServiceLimits)

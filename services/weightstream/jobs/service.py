@@ -20,9 +20,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from weightstream.backends.base import Backend
-from weightstream.backends.kubernetes import INSTALL_HINT, client_available
-from weightstream.backends.kubernetes.manifests import ClusterConfig
-from weightstream.backends.local import LocalProcessBackend
 from weightstream.checkpoint_layout import complete_checkpoints, servable_file
 from weightstream.jobs.admission import admit
 from weightstream.jobs.config import ServiceConfig, default_user_name
@@ -35,6 +32,7 @@ from weightstream.jobs.limits import (
     with_service_defaults,
 )
 from weightstream.jobs.log_export import job_log_archive
+from weightstream.jobs.role_backends import end_leftovers, make_backend
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
 from weightstream.params import Params, ParamsError, load_params, read_params
 from weightstream.params.layout import relocate
@@ -202,8 +200,11 @@ class JobService:
 
     # -- running -------------------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """After a restart, jobs that were running are resumed (autoload) or failed, never lost."""
+        """After a restart, jobs that were running are resumed (autoload) or failed, never lost; what the
+        backend still held of them is ended first (``role_backends.end_leftovers``)."""
         for job in self.store.list(status="running"):
+            for left in end_leftovers(self.config, job.id):
+                log.info("job %s: ended %s, left by the service's previous run", job.id, left)
             if job.params["runconfig"].get("autoload_last_checkpoint", True):
                 self.store.transition(
                     job.id, "queued", reason="service restarted; resumes from its last checkpoint"
@@ -247,25 +248,18 @@ class JobService:
         thread.start()
 
     def _job_runner(self, job: Job, params: Params, on_event: EventSink) -> Runner:
-        backend = self._backend(job.id, params, Path(job.model_dir) / "logs")
+        backend = self._backend(job, params)
         limit = self.config.limits.max_job_seconds
         used = job.running_seconds()  # over its earlier runs: a restart requeues a job
         return JobRunner(params, backend, on_event, job.id, time_limit_s=limit, time_used_s=used)
 
-    def _backend(self, job_id: str, params: Params, run_dir: Path) -> Backend:
-        if self.config.backend == "kubernetes":
-            if not client_available():
-                raise RuntimeError(f"the Kubernetes backend needs the Kubernetes client: {INSTALL_HINT}")
-            # imported only here: the kubernetes package is an optional extra
-            from weightstream.backends.kubernetes.backend import KubernetesBackend
+    def _backend(self, job: Job, params: Params) -> Backend:
+        def placement(msg: str) -> None:
+            self.store.add_event(job.id, "progress", {"placement": msg})
 
-            def placement(msg: str) -> None:
-                self.store.add_event(job_id, "progress", {"placement": msg})
-
-            return KubernetesBackend(
-                job_id, params, self.config.cluster or ClusterConfig(), on_progress=placement
-            )
-        return LocalProcessBackend(run_dir)
+        return make_backend(
+            self.config, job.id, params, Path(job.model_dir) / "logs", job.priority, placement
+        )
 
     def _run(self, job_id: str, runner: Runner) -> None:
         try:

@@ -45,11 +45,8 @@ def describe_srun_exit(rc: int) -> str:
             name = signal.Signals(rc - 128).name
         except ValueError:
             return f"exited with status {rc}"
-        return (
-            f"stopped on {name} (exit status {rc})"
-            if name in ("SIGTERM", "SIGINT")
-            else f"was killed by {name}"
-        )
+        stopped = name in ("SIGTERM", "SIGINT")
+        return f"stopped on {name} (exit status {rc})" if stopped else f"was killed by {name}"
     if rc < 0:
         return f"(its srun) was killed by {signal.Signals(-rc).name}"
     return f"exited with status {rc}"
@@ -65,13 +62,14 @@ class SlurmBackend:
         rules: PlacementRules | None = None,
         environ: Mapping[str, str] | None = None,
         allocate_wait_s: int = ALLOCATE_WAIT_S,
+        nice: int = 0,
     ) -> None:
         """``run_dir``: ``model_dir/logs``, on a filesystem every node sees. ``environ``: this process's
-        environment by default; ``SLURM_JOB_ID`` in it means: run inside that allocation."""
-        self.run_dir, self.job_name = run_dir, job_name
-        self.rules = rules or PlacementRules()
+        environment by default; ``SLURM_JOB_ID`` in it means: run inside that allocation. ``nice``: the
+        ``salloc --nice`` of an allocation this backend makes (0: Slurm's default priority)."""
+        self.run_dir, self.job_name, self.nice = run_dir, job_name, nice
+        self.rules, self.allocate_wait_s = rules or PlacementRules(), allocate_wait_s
         self.environ = dict(os.environ if environ is None else environ)
-        self.allocate_wait_s = allocate_wait_s
         self.given_job = self.environ.get("SLURM_JOB_ID")
         self.job_id: str | None = None  # the Slurm job the roles run in
         self.placement: Placement | None = None
@@ -158,8 +156,9 @@ class SlurmBackend:
             if self._stopping:
                 return
         if self.job_id is None:
+            nodes, wait_s = placement.node_names(), self.allocate_wait_s
             self._holder, self.job_id = slurm.allocate(
-                placement.node_names(), partition, self.job_name, self.allocate_wait_s, self.environ
+                nodes, partition, self.job_name, wait_s, self.environ, self.nice
             )
             with self._lock:
                 stopping = self._stopping
@@ -208,10 +207,7 @@ class SlurmBackend:
             )
 
     def _write_placement(self, placement: Placement) -> None:
-        record = {
-            "slurm_job": self.job_id,
-            "roles": {role: node.name for role, node in placement.nodes.items()},
-        }
+        record = {"slurm_job": self.job_id, "roles": {r: n.name for r, n in placement.nodes.items()}}
         (self.run_dir / "placement.json").write_text(json.dumps(record, indent=1) + "\n")
 
     def _ready_file(self, role: RoleSpec) -> Path:
@@ -272,8 +268,7 @@ class SlurmBackend:
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
         deadline = time.monotonic() + timeout_s
         addresses: dict[RoleSpec, str] = {}
-        with self._lock:
-            procs = dict(self.procs)
+        procs = dict(self.procs)  # a copy: restart() may replace them meanwhile
         while True:
             if self._stopping:
                 raise BackendError(f"stopped while starting{self._where()}")
@@ -355,8 +350,7 @@ class SlurmBackend:
         if job is None:
             return
         try:
-            ours = self._our_steps(job)
-            slurm.cancel(ours, "TERM", self.environ)
+            slurm.cancel(self._our_steps(job), "TERM", self.environ)
             deadline = time.monotonic() + grace_s
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -374,10 +368,20 @@ class SlurmBackend:
 
     def _release(self, job: str) -> None:
         """End the allocation this backend made, and wait until Slurm no longer lists it."""
-        if self._holder is not None:
-            slurm.release(self._holder)
+        with self._lock:  # stop() may run on two threads at once: a cancel, and the run winding down
+            holder, self._holder = self._holder, None
+        if holder is not None:
+            slurm.release(holder)
         slurm.cancel([job], env=self.environ)  # were salloc to have left it (salloc killed, say)
         self._wait_gone(job)
+
+    def end_leftovers(self) -> list[str]:
+        """End every Slurm job named ``job_name`` (a killed coordinator's leftovers); their ids."""
+        found = slurm.jobs_named(self.job_name, self.environ)
+        slurm.cancel(found, env=self.environ)
+        for job in found:
+            self._wait_gone(job)
+        return found
 
     def _our_steps(self, job: str) -> list[str]:
         prefix = f"{self.job_name}.{self._tag}."

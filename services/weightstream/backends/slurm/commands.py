@@ -24,6 +24,7 @@ __all__ = [
     "granted_job",
     "job_nodes",
     "job_steps",
+    "jobs_named",
     "live_job",
     "parse_nodes",
     "probe_command",
@@ -137,6 +138,11 @@ def job_steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, st
     return {name: step for step, name in (line.split(maxsplit=1) for line in out.splitlines() if " " in line)}
 
 
+def jobs_named(name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of every job Slurm lists (pending, running, completing) named ``name``."""
+    return run(["squeue", "--noheader", f"--name={name}", "--format=%i"], env).split()
+
+
 def granted_job(salloc_stderr: str) -> str | None:
     """The job id salloc names ("Granted job allocation 12", or "Pending job allocation 12" of a job that
     then failed), or None."""
@@ -150,6 +156,7 @@ def allocate(
     job_name: str,
     wait_s: int,
     env: Mapping[str, str] | None = None,
+    nice: int = 0,
 ) -> tuple[subprocess.Popen[str], str]:
     """Allocate ``nodes`` whole as one job named ``job_name``: (the salloc that holds it, the job's id).
 
@@ -157,7 +164,8 @@ def allocate(
     closing it (``release``), or this process dying however it dies, ends the command, and salloc then
     gives the allocation back, which ends every step in it. ``--no-kill``: a node that fails takes its
     roles, not the job (the coordinator replaces them). Gives up after ``wait_s`` seconds in the queue
-    (``--immediate``); SlurmError then names the job."""
+    (``--immediate``); SlurmError then names the job. ``nice`` > 0 lowers the job's priority among
+    the jobs waiting for nodes (``--nice``; only an operator may raise it)."""
     argv = [
         "salloc",
         "--exclusive",
@@ -167,6 +175,7 @@ def allocate(
         f"--nodelist={','.join(nodes)}",
         f"--immediate={wait_s}",
         *([f"--partition={partition}"] if partition else []),
+        *([f"--nice={nice}"] if nice else []),
         "sh",
         "-c",
         "read _",
