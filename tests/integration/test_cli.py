@@ -117,6 +117,8 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
     assert r.returncode == 1 and "unhealthy" in r.stderr
 
 
+# a whole run (~11 s) for an alias of `run`
+@pytest.mark.slow
 def test_fit_is_run_for_cszoo_hands(tmp_path: Path) -> None:
     """`weightstream fit` (as `cszoo fit`) trains exactly as `run`: the same checkpoint bytes."""
     from tests.integration.appliance import write_params

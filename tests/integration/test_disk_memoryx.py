@@ -56,6 +56,8 @@ def test_a_storage_directory_that_cannot_be_made_fails_the_job_and_names_it(tmp_
     assert not list(model_dir.glob("checkpoint_*"))
 
 
+# ~12 s; disk mode bitwise as memory mode stays in the default run
+@pytest.mark.slow
 def test_weights_only_sharded_checkpoints_load_in_transformers_and_refuse_to_resume(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
     full = tmp_path / "full"

@@ -98,6 +98,8 @@ def _llama(tmp: Path, **runconfig: Any) -> Path:
     return path
 
 
+# ~12 s; LLaMA on one and four workers stays in the default run
+@pytest.mark.slow
 def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="pip install -e .[test]")
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")

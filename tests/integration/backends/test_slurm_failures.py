@@ -14,7 +14,8 @@ import pytest
 from testbed.slurm import SlurmCluster
 from tests.integration.backends.slurm_job import host_processes, slurm_jobs, tiny_gpt2, weightstream_run
 
-pytestmark = pytest.mark.hosts
+# a Slurm cluster each (3-8 s a test): in the slow phase, which CI runs too
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 
 def failed_run(cluster: SlurmCluster, tmp_path: Path, *args: str) -> str:

@@ -18,7 +18,8 @@ from tests.integration.backends.slurm_job import host_processes, slurm_jobs, tin
 from tests.integration.backends.slurm_service import SlurmService, slurm_jobs_named
 from tests.integration.backends.test_slurm_training import checkpoint_bytes, steps_logged
 
-pytestmark = pytest.mark.hosts
+# a Slurm cluster and real jobs each: in the slow phase, which CI runs too
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 
 def gpt2(tmp_path: Path, steps: int, checkpoint_steps: int | None = None) -> Path:

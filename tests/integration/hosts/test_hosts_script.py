@@ -11,7 +11,8 @@ import pytest
 
 from testbed import running
 
-pytestmark = [pytest.mark.hosts, pytest.mark.usefixtures("hosts_possible")]
+# the script as a developer runs it (~3 s): in the slow phase, which CI runs too
+pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.usefixtures("hosts_possible")]
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "hosts.py"
 TIMEOUT = 60

@@ -9,7 +9,8 @@ import pytest
 
 from testbed.slurm import SlurmCluster
 
-pytestmark = pytest.mark.hosts
+# a Slurm cluster each (~3 s a test): in the slow phase, which CI runs too
+pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 TIMEOUT = 60  # seconds for one Slurm command; a job of these tests takes about one
 

@@ -495,6 +495,8 @@ def test_filters_and_the_newer_fields_only_when_present(page: tuple[Any, Browsed
     seen.check(served)
 
 
+# two jobs and a browser (~12 s)
+@pytest.mark.slow
 def test_a_job_has_an_address_that_opens_it_and_back_and_forward_move_between_jobs(
     page: tuple[Any, Browsed], served: Served
 ) -> None:
