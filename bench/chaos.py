@@ -399,8 +399,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rpc_timeout_s": a.rpc_timeout,
             **summarize(base, faulty),
         }
-    print(json.dumps(record("chaos", result)), flush=True)
-    return result
+    line = record("chaos", result)
+    print(json.dumps(line), flush=True)
+    return line
 
 
 if __name__ == "__main__":
