@@ -92,6 +92,8 @@ def test_run_log_holds_steps_and_checkpoints_not_routine_recovery_snapshots(tmp_
     assert "snapshot" not in text and ".recovery_" not in text, text
 
 
+# ~10 s; HF loading of checkpoints is also checked by the LLaMA and start-from-HF runs
+@pytest.mark.slow
 def test_checkpoint_loads_into_transformers_with_the_same_loss(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="pip install -e .[test]")
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
@@ -186,6 +188,8 @@ _MEMORY_LOG = re.compile(r"micro-batch (\d+), (\d+) unit forward passes recomput
 WEIGHT_ATOL = 5e-6
 
 
+# ~13 s; recompute is unit-tested in tests/unit/worker
+@pytest.mark.slow
 def test_memory_budget_recomputes_in_backward_and_matches_the_reference(tmp_path: Path) -> None:
     """With a budget that forces micro-batches and recompute-in-backward (checked in the workers' logs),
     the run is the reference's step for step: loss and grad_norm of every step, and the final weights to

@@ -99,6 +99,8 @@ def test_sigint_stops_every_role(tmp_path: Path) -> None:
         assert "exiting now" not in log.read_text(), log.name
 
 
+# ~12 s: two depths trained and measured
+@pytest.mark.slow
 def test_worker_memory_does_not_grow_with_depth(tmp_path: Path) -> None:
     """A worker holds one unit (plus the prefetched next), never the model: 16 layers vs 2 layers at the
     same width differ by ~44 MiB of weights, but the worker's peak memory barely moves."""

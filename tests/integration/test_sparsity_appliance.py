@@ -184,6 +184,8 @@ def test_sparse_runs_are_bitwise_reproducible_across_data_planes_and_masks_survi
             assert not state[f"{name}.exp_avg"][~mask].any() and not state[f"{name}.exp_avg_sq"][~mask].any()
 
 
+# ~11 s; sparse training in memory mode stays in the default run
+@pytest.mark.slow
 def test_sparse_training_with_disk_memoryx_and_bfloat16_keeps_pruned_weights_zero(tmp_path: Path) -> None:
     p = json.loads(json.dumps(SPARSE_GPT2))
     p["model"]["fp16_type"] = "bfloat16"

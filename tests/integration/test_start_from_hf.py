@@ -56,6 +56,8 @@ def _hf_loss(model_dir: Path, params_path: Path) -> float:
     )
 
 
+# ~10 s; starting from a Hugging Face directory by flag stays in the default run
+@pytest.mark.slow
 def test_gpt2_from_runconfig_checkpoint_path_starts_bitwise_from_its_tensors(tmp_path: Path) -> None:
     hf = _gpt2(tmp_path)
     params = _params(tmp_path, checkpoint_path=str(hf))
