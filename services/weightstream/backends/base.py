@@ -8,11 +8,13 @@ recovery), and stops everything, leaving nothing behind.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Backend", "BackendError", "RoleSpec", "by_kind", "read_ready", "ready_file"]
+__all__ = ["Backend", "BackendError", "RoleSpec", "by_kind", "read_ready", "ready_file", "wait_ready_files"]
 
 
 class BackendError(RuntimeError):
@@ -83,3 +85,37 @@ def by_kind(addresses: dict[RoleSpec, str]) -> dict[str, list[str]]:
     for role in sorted(addresses, key=lambda r: (r.kind, r.index)):
         out.setdefault(role.kind, []).append(addresses[role])
     return out
+
+
+def wait_ready_files(
+    run_dir: Path,
+    roles: list[RoleSpec],
+    timeout_s: float,
+    stopping: Callable[[], bool],
+    failures: Callable[[], list[str]],
+    where: Callable[[], str] = str,
+    named: Callable[[RoleSpec], str] = lambda role: role.name,
+) -> dict[str, list[str]]:
+    """Addresses by kind once every one of ``roles`` has written its ready file under ``run_dir``.
+
+    Raises BackendError when ``stopping()`` (checked first: a job cancelled while starting may have no
+    process yet, and an empty answer would read as "ready"), when ``failures()`` names a dead role, or
+    after ``timeout_s``, naming each missing role by ``named(role)``; ``where()`` ends every message (the
+    backend's own context, such as its Slurm job)."""
+    deadline = time.monotonic() + timeout_s
+    addresses: dict[RoleSpec, str] = {}
+    while True:
+        if stopping():
+            raise BackendError(f"stopped while starting{where()}")
+        if len(addresses) == len(roles):
+            return by_kind(addresses)
+        dead = failures()
+        if dead:
+            raise BackendError("; ".join(dead) + where())
+        read_ready(run_dir, roles, addresses)
+        if time.monotonic() > deadline:
+            missing = sorted(named(r) for r in roles if r not in addresses)
+            raise BackendError(
+                f"not ready after {timeout_s:.0f}s: {', '.join(missing)}{where()} (see {run_dir})"
+            )
+        time.sleep(0.05)

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec, by_kind, read_ready, ready_file
+from weightstream.backends.base import RoleSpec, ready_file, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 
 __all__ = ["LocalProcessBackend", "describe_exit"]
@@ -119,28 +119,9 @@ class LocalProcessBackend:
         return True
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
-        deadline = time.monotonic() + timeout_s
-        addresses: dict[RoleSpec, str] = {}
         with self._lock:
-            procs = dict(self.procs)
-        while True:
-            # checked before anything else: a stop before the first role spawned leaves no process to wait
-            # for, and an empty answer would read as "ready" to a job that was cancelled while starting
-            if self._stopping:
-                raise BackendError("stopped while starting")
-            if len(addresses) == len(procs):
-                break
-            dead = self.failures()
-            if dead:
-                raise BackendError("; ".join(dead))
-            read_ready(self.run_dir, list(procs), addresses)
-            if time.monotonic() > deadline:
-                missing = sorted(r.name for r in procs if r not in addresses)
-                raise BackendError(
-                    f"not ready after {timeout_s:.0f}s: {', '.join(missing)} (see {self.run_dir})"
-                )
-            time.sleep(0.05)
-        return by_kind(addresses)
+            roles = list(self.procs)
+        return wait_ready_files(self.run_dir, roles, timeout_s, lambda: self._stopping, self.failures)
 
     def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:

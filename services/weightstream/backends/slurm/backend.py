@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec, by_kind, read_ready, ready_file
+from weightstream.backends.base import BackendError, RoleSpec, ready_file, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 from weightstream.backends.slurm import commands as slurm
 from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
@@ -266,26 +266,16 @@ class SlurmBackend:
         return True
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
-        deadline = time.monotonic() + timeout_s
-        addresses: dict[RoleSpec, str] = {}
-        procs = dict(self.procs)  # a copy: restart() may replace them meanwhile
-        while True:
-            if self._stopping:
-                raise BackendError(f"stopped while starting{self._where()}")
-            if len(addresses) == len(procs):
-                break
-            dead = self.failures()
-            if dead:
-                raise BackendError("; ".join(dead) + self._where())
-            read_ready(self.run_dir, list(procs), addresses)
-            if time.monotonic() > deadline:
-                missing = [f"{r.name} on {self.nodes[r].name}" for r in procs if r not in addresses]
-                raise BackendError(
-                    f"not ready after {timeout_s:.0f}s: {', '.join(sorted(missing))}{self._where()} "
-                    f"(see {self.run_dir})"
-                )
-            time.sleep(0.05)
-        return by_kind(addresses)
+        roles = list(self.procs)  # a copy: restart() may replace them meanwhile
+        return wait_ready_files(
+            self.run_dir,
+            roles,
+            timeout_s,
+            lambda: self._stopping,
+            self.failures,
+            where=self._where,
+            named=lambda r: f"{r.name} on {self.nodes[r].name}",
+        )
 
     def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:
