@@ -4,6 +4,7 @@ replaced, and the final checkpoint is bitwise the one-host run's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 TOKEN = re.compile(rb"[0-9a-f]{64}")  # a role credential as transport.auth makes them
 CHECKPOINT_FILES = ("model", "optimizer")
+STEPS = 40  # of the jobs a fault strikes mid-run
 
 
 def checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
@@ -104,16 +106,30 @@ def root_pid(cluster: SlurmCluster, host: str, inner_pid: int) -> int:
     raise LookupError(f"no process {inner_pid} on {host}")
 
 
+@contextlib.contextmanager
+def mid_run(cluster: SlurmCluster, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A job of STEPS steps on the cluster (model_dir ``tmp_path/slurm``) once it has logged a step, after
+    the same job ran locally into ``tmp_path/local`` to compare with; killed on the way out if still running.
+    STEPS leaves a loaded machine seconds to look the job over and strike before it ends."""
+    params = tiny_gpt2(tmp_path, steps=STEPS)
+    local = weightstream_run(None, params, tmp_path / "local")
+    assert local.returncode == 0, local.stderr
+    model_dir = tmp_path / "slurm"
+    run = start_run(cluster, params, model_dir)
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        yield run
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+
+
 def test_credential_shows_nowhere_and_a_killed_role_is_replaced_bitwise(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    params = tiny_gpt2(tmp_path, steps=12)
-    local = weightstream_run(None, params, tmp_path / "local")
-    assert local.returncode == 0, local.stderr
     model_dir, logs = tmp_path / "slurm", tmp_path / "slurm" / "logs"
-    run = start_run(slurm_cluster, params, model_dir)
-    try:
-        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+    with mid_run(slurm_cluster, tmp_path) as run:
         # while every role runs: no credential in what Slurm records, nor in any command line or environment
         job = json.loads((logs / "placement.json").read_text())["slurm_job"]
         said = [slurm_cluster.run(argv, capture_output=True, timeout=60, check=True).stdout
@@ -133,18 +149,15 @@ def test_credential_shows_nowhere_and_a_killed_role_is_replaced_bitwise(
                 assert not TOKEN.search(data), (pid, what, data[:300])
         # SIGKILL worker-1 on its host: it comes back on that host, and training goes on
         before = json.loads((logs / "worker-1.ready.json").read_text())
+        assert steps_logged(model_dir) < STEPS - 4, "the job ran out before the fault struck"
         os.kill(root_pid(slurm_cluster, before["host"], before["pid"]), signal.SIGKILL)
         out, _ = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate(timeout=30)
     assert run.returncode == 0, out[-3000:]
     assert "restart 1/" in out, out[-3000:]
     after = json.loads((logs / "worker-1.ready.json").read_text())
     assert after["host"] == before["host"] and after["pid"] != before["pid"]
     assert_placed_where_it_ran(slurm_cluster, logs)
-    assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
+    assert checkpoint_bytes(model_dir, STEPS) == checkpoint_bytes(tmp_path / "local", STEPS)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
 
 
@@ -199,25 +212,17 @@ def test_the_sbatch_example_of_the_docs_runs(slurm_cluster: SlurmCluster, tmp_pa
 def test_a_role_whose_host_is_lost_comes_back_on_another_node(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    params = tiny_gpt2(tmp_path, steps=12)
-    local = weightstream_run(None, params, tmp_path / "local")
-    assert local.returncode == 0, local.stderr
     model_dir, logs = tmp_path / "slurm", tmp_path / "slurm" / "logs"
-    run = start_run(slurm_cluster, params, model_dir)
-    try:
-        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+    with mid_run(slurm_cluster, tmp_path) as run:
         lost = json.loads((logs / "worker-1.ready.json").read_text())["host"]
+        assert steps_logged(model_dir) < STEPS - 4, "the job ran out before the fault struck"
         slurm_cluster.hosts.kill(lost)  # every process on it, its slurmd among them
         out, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate(timeout=30)
     assert run.returncode == 0, out[-3000:]
     after = json.loads((logs / "worker-1.ready.json").read_text())
     assert after["host"] != lost, after
     assert "restart 1/" in out, out[-3000:]
-    assert checkpoint_bytes(model_dir, 12) == checkpoint_bytes(tmp_path / "local", 12)
+    assert checkpoint_bytes(model_dir, STEPS) == checkpoint_bytes(tmp_path / "local", STEPS)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}
 
 
