@@ -6,7 +6,10 @@ when the coordinator's Configure call hands it the job. A later Configure (the c
 a fault) replaces the logic with one built for the new configuration, or lets the role keep its state where it
 has a ``reconfigure`` hook (MemoryX), under a new generation: calls of any other generation are refused
 (``transport.fencing``). It exits on Shutdown, on
-SIGTERM, and when its parent (the coordinator) is gone, so a crashed coordinator leaves no orphan.
+SIGTERM, and when the coordinator is gone, so a crashed coordinator leaves no orphan: its parent changed
+(a process the coordinator started itself), or its standard input closed (a Slurm step, whose parent is
+``slurmstepd``: the coordinator holds the write end of a pipe srun forwards, which closes with it however
+it dies).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -157,6 +161,13 @@ def _watch_parent(parent_pid: int, stopped: threading.Event) -> None:
             stopped.set()
 
 
+def _watch_stdin(stopped: threading.Event) -> None:
+    sys.stdin.read()  # nothing more is written: this returns when the last writer, the coordinator, is gone
+    if not stopped.is_set():
+        log.error("standard input closed: the coordinator is gone; shutting down")
+        stopped.set()
+
+
 def _exit_by(deadline_s: float) -> None:
     """End the process ``deadline_s`` from now if it is still running then (a daemon thread: it keeps
     running while the interpreter's exit waits for the other threads)."""
@@ -182,11 +193,13 @@ def serve_role(
     parent_pid: int | None = None,
     *,
     token: str,
+    lifeline: bool = False,
     reconfigure: Reconfigure | None = None,
     exit_deadline_s: float = EXIT_DEADLINE_S,
 ) -> None:
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
-    ``token`` is the job's role credential, required on every call but Health; ``exit_deadline_s``: how
+    ``token`` is the job's role credential, required on every call but Health; ``lifeline``: stop when
+    standard input closes (the coordinator holds it open while it lives); ``exit_deadline_s``: how
     long the process may take to exit once told to stop before it ends itself."""
     role = RoleHost(kind, build, token, reconfigure, MemfdProbe(job_tag(token)))
 
@@ -205,6 +218,8 @@ def serve_role(
     signal.signal(signal.SIGINT, on_signal)
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, role.stopped), daemon=True).start()
+    if lifeline:
+        threading.Thread(target=_watch_stdin, args=(role.stopped,), name="lifeline", daemon=True).start()
     if ready_file is not None:
         ready = {"address": f"{host}:{bound}", "host": socket.gethostname(), "pid": os.getpid()}
         write_text_durably(ready_file, json.dumps(ready))

@@ -56,6 +56,13 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
         parent_pid: Annotated[
             int | None, typer.Option(help="exit when this process is no longer the parent")
         ] = None,
+        until_stdin_closes: Annotated[
+            bool,
+            typer.Option(
+                "--until-stdin-closes",
+                help="exit when standard input closes (its starter holds it open while it lives)",
+            ),
+        ] = False,
         token_file: Annotated[
             str,
             typer.Option(
@@ -92,6 +99,7 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             ready_file,
             parent_pid,
             token=token,
+            lifeline=until_stdin_closes,
             reconfigure=getattr(service, "reconfigure", None),
         )
 

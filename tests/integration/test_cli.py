@@ -117,6 +117,49 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
     assert r.returncode == 1 and "unhealthy" in r.stderr
 
 
+def test_a_role_on_a_lifeline_ends_when_its_standard_input_closes(tmp_path: Path) -> None:
+    # how a Slurm step's role learns its coordinator is gone: srun forwards the coordinator's pipe
+    exe = shutil.which("weightstream")
+    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+    ready = tmp_path / "ready.json"
+    role = subprocess.Popen(
+        [
+            *cmd,
+            "worker",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--token-file",
+            "-",
+            "--until-stdin-closes",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert role.stdin is not None
+    try:
+        role.stdin.write(b"cd" * 32 + b"\n")  # the credential: its line, and the pipe stays open
+        role.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            assert role.poll() is None, role.communicate()[1].decode()[-2000:]
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert role.poll() is None  # the credential read, the role serves while the pipe is open
+        role.stdin.close()
+        role.wait(timeout=20)  # its few log lines fit the pipe
+    finally:
+        if role.poll() is None:
+            role.kill()
+            role.wait(timeout=10)
+    assert role.stderr is not None
+    err = role.stderr.read()
+    role.stderr.close()
+    assert role.returncode == 0 and b"standard input closed" in err, err.decode()[-2000:]
+
+
 # a whole run (~11 s) for an alias of `run`
 @pytest.mark.slow
 def test_fit_is_run_for_cszoo_hands(tmp_path: Path) -> None:

@@ -40,9 +40,10 @@ def new_role_token() -> str:
 
 
 def read_token(source: str) -> str:
-    """The token from the file ``source`` (``-``: standard input, which the local backend writes and
-    closes). Raises ValueError if it is not a token as ``new_role_token`` makes them."""
-    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="ascii")
+    """The token from the file ``source`` (``-``: the first line of standard input, which a backend writes;
+    the rest of standard input is left to the role: see ``serve_role(lifeline=...)``). Raises ValueError
+    if it is not a token as ``new_role_token`` makes them."""
+    text = sys.stdin.readline() if source == "-" else Path(source).read_text(encoding="ascii")
     token = text.strip()
     if not _TOKEN.fullmatch(token):
         raise ValueError(f"the role token from {source!r} is not 64 hex digits")

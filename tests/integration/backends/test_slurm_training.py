@@ -77,11 +77,14 @@ def test_gpt2_on_two_csx_across_hosts_is_bitwise_the_one_host_run(
     assert checkpoint_bytes(tmp_path / "slurm", 4) == final
 
 
-def start_run(cluster: SlurmCluster, params: Path, model_dir: Path) -> subprocess.Popen[str]:
+def start_run(
+    cluster: SlurmCluster, params: Path, model_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "weightstream.cli", "run", str(params), "--num_csx", "2",
             "--model_dir", str(model_dir), "--backend", "slurm"]  # fmt: skip
-    return subprocess.Popen(cluster.command(argv), env={**cluster.env, "PYTHONPATH": PYTHONPATH},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    env = {**cluster.env, "PYTHONPATH": PYTHONPATH, **(env or {})}
+    return subprocess.Popen(cluster.command(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
 
 
 def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
@@ -249,3 +252,35 @@ def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
         if run.poll() is None:
             run.kill()
             run.communicate(timeout=30)
+
+
+def test_a_killed_coordinator_inside_an_allocation_leaves_no_role_behind(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # the user's allocation outlives the coordinator; the roles it started on its nodes must not
+    held = slurm_cluster.run(["salloc", "--no-shell", "--nodes=3", "--exclusive", "--job-name=mine"],
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    granted = re.search(r"Granted job allocation (\d+)", held.stderr)
+    assert granted is not None, held.stderr
+    job = granted[1]
+    params, model_dir = tiny_gpt2(tmp_path, steps=STEPS), tmp_path / "slurm"
+    run = start_run(slurm_cluster, params, model_dir, env={"SLURM_JOB_ID": job})
+    try:
+        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+        assert json.loads((model_dir / "logs" / "placement.json").read_text())["slurm_job"] == job
+        sruns = [c for c in psutil.Process(run.pid).children(recursive=True) if c.name() == "srun"]
+        assert sruns and host_processes(slurm_cluster)
+        run.kill()  # the coordinator itself (nsenter -n execs it): no stop, no scancel of its steps
+        run.communicate(timeout=30)
+        deadline = time.monotonic() + 60
+        while host_processes(slurm_cluster) or any(
+            s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in sruns
+        ):
+            assert time.monotonic() < deadline, host_processes(slurm_cluster)
+            time.sleep(0.5)
+        assert slurm_jobs(slurm_cluster) == [f"{job} mine RUNNING"]  # the owner's, to end when they choose
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+        slurm_cluster.run(["scancel", job], timeout=60, check=True)

@@ -52,6 +52,13 @@ def describe_srun_exit(rc: int) -> str:
     return f"exited with status {rc}"
 
 
+def close_lifeline(srun: subprocess.Popen[bytes]) -> None:
+    """Close the pipe a role's step reads to learn this process lives (its srun has ended)."""
+    if srun.stdin is not None:
+        with contextlib.suppress(OSError):
+            srun.stdin.close()
+
+
 class SlurmBackend:
     co_located = False  # roles on several nodes: tensors travel over the network, never shared memory
 
@@ -242,6 +249,7 @@ class SlurmBackend:
             str(self._ready_file(role).resolve()),
             "--token-file",
             "-",
+            "--until-stdin-closes",  # srun forwards this process's pipe: the role ends when it does
         ]
         argv = slurm.srun_command(self.job_id, node.name, self._step_name(role), str(log.resolve()), cmd)
         with self._lock, open(log, "ab") as srun_log:
@@ -258,9 +266,9 @@ class SlurmBackend:
             )
             self.procs[role] = proc
         assert proc.stdin is not None
-        try:
+        try:  # the credential, then the pipe stays open: it closes when the step ends or this process dies
             proc.stdin.write(self._credential.encode() + b"\n")
-            proc.stdin.close()
+            proc.stdin.flush()
         except BrokenPipeError:  # srun failed at once: dead() reports it with its log
             pass
         return True
@@ -311,6 +319,7 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     old.kill()
                     old.wait(timeout=5)
+                close_lifeline(old)
         serving = self._serving_nodes()
         for role in roles:
             node = self.nodes[role]
@@ -355,6 +364,7 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(timeout=5)
+                close_lifeline(p)
 
     def _release(self, job: str) -> None:
         """End the allocation this backend made, and wait until Slurm no longer lists it."""
