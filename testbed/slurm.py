@@ -215,13 +215,43 @@ class SlurmCluster:
         """Each running daemon's name and root-namespace PID."""
         return {name: pid for name, proc, pid in self._daemons if proc.poll() is None}
 
+    def strays(self, grace_s: float = 0.0) -> dict[int, str]:
+        """Every process but the daemons (and slurmctld's slurmscriptd) that runs against this cluster
+        (``SLURM_CONF`` names its configuration: an srun, an salloc, a coordinator, a role), by
+        root-namespace PID, with its command line; waits up to ``grace_s`` for them to end."""
+        deadline = time.monotonic() + grace_s
+        mark = f"SLURM_CONF={self.env['SLURM_CONF']}".encode()
+        daemons = {pid for _, _, pid in self._all} | {proc.pid for _, proc, _ in self._all}
+        controller = {pid for name, _, pid in self._all if name == "slurmctld"}  # and its slurmscriptd
+        while True:
+            found = {}
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit() or int(entry.name) in daemons:
+                    continue
+                try:
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    if parent not in controller and mark in (entry / "environ").read_bytes().split(b"\0"):
+                        found[int(entry.name)] = (
+                            (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                        )
+                except OSError:
+                    continue  # gone meanwhile, or not ours to read
+            if not found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.2)
+
     def leftovers(self) -> list[str]:
         """What this cluster still has on the machine, described; [] once ``close`` has done its work."""
         found = [f"{name} {pid}" for name, _, pid in self._all if running(pid)]
         return found + ([f"directory {self.dir}"] if self.dir.exists() else [])
 
     def close(self) -> None:
-        """Stop every daemon by its PID (slurmds first, munged last), then remove the cluster's files."""
+        """Kill what still runs against the cluster (``strays``), stop every daemon by its PID (slurmds first,
+        munged last), then remove the cluster's files."""
+        if hasattr(self, "env"):
+            for pid in self.strays():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for _, proc, pid in reversed(self._daemons):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -58,5 +58,7 @@ def slurm_cluster(emulated_hosts: Callable[..., EmulatedHosts]) -> Iterator[Slur
     try:
         yield cluster
     finally:
+        strays = cluster.strays(grace_s=10)  # a test's own sruns and roles: each must end with the test
         cluster.close()
         assert cluster.leftovers() == [], f"Slurm cluster left behind: {cluster.leftovers()}"
+        assert strays == {}, f"processes still running against the Slurm cluster: {strays}"

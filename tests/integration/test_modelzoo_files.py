@@ -345,6 +345,7 @@ def test_llama3_trains(tmp_path: Path, data: Path) -> None:
     _trains(path, tmp_path / "m")
 
 
+@pytest.mark.slow  # two trainings, ~10 s
 def test_converted_legacy_file_trains_bitwise_the_same(tmp_path: Path, data: Path) -> None:
     import subprocess
 

@@ -287,7 +287,8 @@ def test_a_restart_that_stop_overtakes_leaves_no_pod_behind(fake: FakeKubernetes
 @pytest.mark.parametrize(
     "role,grace_s",
     [
-        (WORKER_1, 0),  # kubectl delete --force: the process is killed, the pod gone at once
+        # kubectl delete --force: the process is killed, the pod gone at once (~11 s: with the slow tests)
+        pytest.param(WORKER_1, 0, marks=pytest.mark.slow),
         (RoleSpec("memoryx", 0), None),  # kubectl delete: SIGTERM, then the pod goes (the shard's state too)
     ],
 )
