@@ -7,6 +7,7 @@ FILE``) and is what a calibration (``--calibration FILE``) holds.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -134,7 +135,11 @@ def load_cluster(path: Path) -> Cluster:
     """A cluster from a JSON or YAML file: a mapping of ``Cluster`` fields, or a calibration file (whose
     ``cluster`` key holds them)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML reads JSON too
+        text = path.read_text(encoding="utf-8")
+        try:  # JSON first: YAML 1.1 reads JSON's 1e-09 (no dot) as a string, not a number
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as e:
         raise ClusterError(f"{path}: cannot be read: {e}") from e
     if isinstance(data, dict) and isinstance(data.get("cluster"), dict):

@@ -110,3 +110,13 @@ def test_a_tiny_null_run_gives_the_latency_per_hop() -> None:
     assert fit.step_s == pytest.approx(0.5, rel=1e-4)
     assert big.step_s == pytest.approx(3.0, rel=1e-3)  # the bandwidth was fitted again with that latency
     assert "ms per hop" in " ".join(cluster.notes)
+
+
+def test_a_json_calibration_keeps_figures_json_writes_without_a_dot(tmp_path: Path) -> None:
+    # json.dumps writes 1e-09 where YAML 1.1 wants 1.0e-09: read as YAML it would be the string "1e-09"
+    calibrated = calibrate(measurements(step_s=5.0), workload(nbytes=1e8, flops=1e9, signature="job"))
+    cluster = replace(calibrated, stream_cpu_s_per_byte=1e-09, link_latency_s=2e-05)
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cluster": cluster.to_dict()}))
+    assert "1e-09" in path.read_text()
+    assert load_cluster(path) == cluster
