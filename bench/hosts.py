@@ -12,10 +12,11 @@ taken in this run:
   (shared memory). Target <= 1.15. The emulated hosts share this machine's cores: what the network plane
   costs in copies and framing comes out of the workers' compute;
 - ``simulate_max_error``: the scaling model calibrated exactly as bench/scaling.py calibrates it (N = 1 on
-  one host), then asked for that job across hosts with unlimited links and at 1 Gbit/s (every link, the
-  MemoryX and SwarmX bandwidths capped at 125 MB/s: ``weightstream simulate --calibration FILE
-  --link-bandwidth 1.25e8 --swarmx-bandwidth 1.25e8``): the larger |predicted - measured| / measured of
-  the two, both measured here. Target <= 0.15.
+  one host; its null run over gRPC on loopback gives the network data plane's cost per byte and bandwidth
+  per hop), then asked for that job across hosts, roles over the network plane, with unlimited links and
+  at 1 Gbit/s (every link, the MemoryX and SwarmX bandwidths capped at 125 MB/s: ``weightstream simulate
+  --calibration FILE --data-plane network --link-bandwidth 1.25e8 --swarmx-bandwidth 1.25e8``): the
+  larger |predicted - measured| / measured of the two, both measured here. Target <= 0.15.
 
     python bench/hosts.py [--steps 16 --skip 3 --repeats 5]     (root, Slurm; about 15 minutes here)
     python bench/hosts.py --quick                                 (a tiny model: the bench's plumbing)
@@ -46,10 +47,10 @@ from broadcast_hosts import broadcast  # bench/broadcast_hosts.py
 
 from testbed import EmulatedHosts, parse_rate
 from testbed.slurm import SlurmCluster
-from weightstream.simulate.calibrate import Measurements, calibrate, median_steps, read_metrics
+from weightstream.simulate.calibrate import calibrate, median_steps, read_metrics
 from weightstream.simulate.cluster import Cluster
 from weightstream.simulate.model import predict_one
-from weightstream.simulate.workload import build_workload
+from weightstream.simulate.workload import Workload, build_workload
 
 LINK_RATE = "1gbit"
 TARGETS = {"broadcast_link_ratio_1gbit": 0.8, "cross_host_step_ratio": 1.15, "simulate_max_error": 0.15}
@@ -83,6 +84,22 @@ def at_link_rate(cluster: Cluster, bytes_per_s: float) -> Cluster:
         memoryx_bandwidth=min(cluster.memoryx_bandwidth, bytes_per_s),
         swarmx_bandwidth=min(cluster.swarmx_bandwidth, bytes_per_s),
     )
+
+
+def predicted_across_hosts(cluster: Cluster, workload: Workload, link_bytes: float) -> dict[str, float]:
+    """Seconds per step at N = 2 with the roles on separate hosts, over the network data plane (the
+    calibration's figures from its run over gRPC): links unlimited, and every link at ``link_bytes``
+    bytes/s (``LINK_RATE``)."""
+    if not cluster.has_network_figures:
+        raise ValueError(
+            f"cluster {cluster.name!r} has no network-plane figures: calibrate with its gRPC run"
+        )
+    net = cluster.over_network()
+    steps = {
+        "unlimited": predict_one(net, workload, 2),
+        LINK_RATE: predict_one(at_link_rate(net, link_bytes), workload, 2),
+    }
+    return {k: p.step_s for k, p in steps.items() if p is not None}
 
 
 def relative_errors(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
@@ -162,38 +179,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def calibrated(a: argparse.Namespace, work: Path) -> tuple[Cluster, Any, float]:
-    """(the cluster calibrated as bench/scaling.py does, from N = 1 on this host; the job's workload at
-    N = 2; the job's step at N = 2 on this host, every role here: the shared-memory baseline)."""
-    cores, b = os.cpu_count() or 1, a.per_worker_batch
-    job = scaling.params_dict(a, 1, a.seq, b, a.steps)
-    null = scaling.params_dict(a, 1, 1, 1, a.steps)
-    tiny = {**null, "model": {**null["model"], "hidden_size": 64, "num_heads": 1, "vocab_size": 256}}
-    tiny["model"]["max_position_embeddings"] = 16
-    progress("calibrating as bench/scaling.py does: unit timings, update, reduce, three N=1 runs")
-    by_cores = {
-        k: scaling.timed_in_role_process(job, "units", "worker", k, b, a) for k in range(1, cores + 1)
-    }
-    update = scaling.timed_in_role_process(job, "update", "memoryx", 1, 0, a)
-    reduce = scaling.timed_in_role_process(job, "reduce", "swarmx", 1, 0, a)
-    null_run, tiny_run = scaling.measured_run(null, work, a), scaling.measured_run(tiny, work, a)
-    one = scaling.measured_run(job, work, a)
+def calibrated(a: argparse.Namespace, work: Path) -> tuple[Cluster, Workload, float]:
+    """(the cluster calibrated as bench/scaling.py does, from N = 1 on this host, network-plane figures
+    included; the job's workload at N = 2; the job's step at N = 2 on this host, every role here: the
+    shared-memory baseline)."""
+    progress("calibrating as bench/scaling.py does: unit timings, update, reduce, four N=1 runs")
+    m, _ = scaling.measure_n1(a, work)
+    job = scaling.params_dict(a, 1, a.seq, a.per_worker_batch, a.steps)
     rc = scaling.resolved(job).runconfig
     workload = build_workload(scaling.resolved(job), [1, 2], rc.swarmx_fanout, rc.num_wgt_servers)
-    m = Measurements(
-        host_cores=cores,
-        unit_seconds_by_cores={k: [tuple(x) for x in v] for k, v in by_cores.items()},
-        update_rate=update,
-        reduce_rate=reduce,
-        step_s=median_steps(one.step_rows(), a.skip),
-        null=scaling.null_run_of(null, null_run, a),
-        tiny=scaling.null_run_of(tiny, tiny_run, a),
-        swarmx_fanout=rc.swarmx_fanout,
-        memoryx_shards=rc.num_wgt_servers,
-    )
     cluster = calibrate(m, workload)
     progress("N=2 on this host (shared memory): the baseline")
-    local = scaling.measured_run(scaling.params_dict(a, 2, a.seq, b, a.steps), work, a)
+    local = scaling.measured_run(scaling.params_dict(a, 2, a.seq, a.per_worker_batch, a.steps), work, a)
     return cluster, workload, local.step_s()
 
 
@@ -218,11 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     hosts.set_rate(h.name, LINK_RATE)
                 progress(f"N=2 across hosts, links at {LINK_RATE}")
                 cross_1g_s, _ = slurm_step_s(slurm, job2, work, LINK_RATE, a)
-    link_bytes = parse_rate(LINK_RATE) / 8
-    predicted = {
-        "unlimited": predict_one(cluster, workload, 2).step_s,  # type: ignore[union-attr]
-        LINK_RATE: predict_one(at_link_rate(cluster, link_bytes), workload, 2).step_s,  # type: ignore[union-attr]
-    }
+    predicted = predicted_across_hosts(cluster, workload, parse_rate(LINK_RATE) / 8)
     measured = {"unlimited": cross_s, LINK_RATE: cross_1g_s}
     errors = relative_errors(predicted, measured)
     result = {
@@ -238,7 +231,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "predicted_step_s": {k: round(v, 4) for k, v in predicted.items()},
         "simulate_error": {k: round(v, 3) for k, v in errors.items()},
-        "calibration_notes": list(cluster.notes),
+        # how each figure was calibrated on this host, the network plane's (used here) included
+        "calibration_notes": list(cluster.over_network().notes),
     }
     print(json.dumps(record("hosts", result)), flush=True)
     return result

@@ -4,12 +4,15 @@ N = 1 alone, predict N = 1 ... 192, and price a Cerebras-like cluster.
 1. In-process timings, each in a fresh process with the thread settings the local backend gives that
    role: a worker's forward and backward per unit and sample on 1 .. all cores, MemoryX's update rate,
    SwarmX's gradient-adding rate.
-2. The appliance at N = 1 (every role a local process, the coordinator in this process), three times: on
+2. The appliance at N = 1 (every role a local process, the coordinator in this process), four times: on
    the job's units with (almost) no compute (sequence 1, one sample): the transport's CPU per step (from
-   /proc) and its step time; the same on a tiny model: the latency of a transfer; and the job (GPT-2
-   hidden 512, 4 layers, vocab 8192, sequence 256, 8 samples per worker: about 2 s a step here).
+   /proc) and its step time, in shared memory; the same with every byte over gRPC on loopback
+   (``runconfig.data_plane: grpc``): the network data plane's, which roles on separate hosts use; the
+   first again on a tiny model: the latency of a transfer; and the job (GPT-2 hidden 512, 4 layers,
+   vocab 8192, sequence 256, 8 samples per worker: about 2 s a step here).
 3. ``weightstream.simulate.calibrate`` turns those into a ``Cluster`` for this machine (``--calibration-out``
-   writes it for ``weightstream simulate --calibration``) and predicts every N from it alone.
+   writes it for ``weightstream simulate --calibration``, and ``--data-plane network`` for roles on
+   separate hosts) and predicts every N from it alone (every role here, shared memory).
 4. The job at N = 2 and 4, each worker keeping its 8 samples (weak scaling, the model's default): measured
    only to compare with the predictions, never used by them.
 5. The Cerebras-like preset (its assumed figures are printed) on a GPT-3 XL-sized GPT-2 (hidden 2048, 24
@@ -329,13 +332,15 @@ def null_run_of(raw: dict[str, Any], run: Run, a: argparse.Namespace) -> NullRun
     return NullRun(median_steps(run.step_rows(), a.skip), run.cpu_per_step(), workload)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    a = parse_args(argv)
-    a.deadline = time.monotonic() + a.budget
-    cores = os.cpu_count() or 1
-    b = a.per_worker_batch
+def measure_n1(a: argparse.Namespace, work: Path) -> tuple[Measurements, dict[str, Run]]:
+    """Everything a calibration takes, all at N = 1 on this host: the in-process timings and four runs of
+    the appliance ("null", "network_null", "tiny", "job"; see the module's docstring). Returns them as
+    ``Measurements`` and the runs themselves (for their summaries)."""
+    cores, b = os.cpu_count() or 1, a.per_worker_batch
     job = params_dict(a, 1, a.seq, b, a.steps)
     null = params_dict(a, 1, 1, 1, a.steps)
+    # the same with every byte over gRPC on loopback: what the network data plane costs per byte
+    network = {**null, "runconfig": {**null["runconfig"], "data_plane": "grpc"}}
     # as many units with ~1000x fewer bytes: what a transfer costs whatever its size
     tiny = {**null, "model": {**null["model"], "hidden_size": 64, "num_heads": 1, "vocab_size": 256}}
     tiny["model"]["max_position_embeddings"] = 16
@@ -343,27 +348,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     by_cores = {k: timed_in_role_process(job, "units", "worker", k, b, a) for k in range(1, cores + 1)}
     update_rate = timed_in_role_process(job, "update", "memoryx", 1, 0, a)
     reduce_rate = timed_in_role_process(job, "reduce", "swarmx", 1, 0, a)
+    progress("N=1 without compute (sequence 1, one sample): the transport in shared memory")
+    runs = {"null": measured_run(null, work, a)}
+    progress("N=1 without compute, every byte over gRPC on loopback: the network data plane")
+    runs["network_null"] = measured_run(network, work, a)
+    progress("N=1, a tiny model without compute: the latency of a transfer")
+    runs["tiny"] = measured_run(tiny, work, a)
+    progress("N=1: the job")
+    runs["job"] = measured_run(job, work, a)
+    rc = resolved(job).runconfig
+    m = Measurements(
+        host_cores=cores,
+        unit_seconds_by_cores={k: [tuple(x) for x in v] for k, v in by_cores.items()},
+        update_rate=update_rate,
+        reduce_rate=reduce_rate,
+        step_s=median_steps(runs["job"].step_rows(), a.skip),
+        null=null_run_of(null, runs["null"], a),
+        tiny=null_run_of(tiny, runs["tiny"], a),
+        network_null=null_run_of(network, runs["network_null"], a),
+        swarmx_fanout=rc.swarmx_fanout,
+        memoryx_shards=rc.num_wgt_servers,
+    )
+    return m, runs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    a.deadline = time.monotonic() + a.budget
+    b = a.per_worker_batch
+    job = params_dict(a, 1, a.seq, b, a.steps)
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
         work = Path(tmp)
-        progress("N=1 without compute (sequence 1, one sample): the transport")
-        null_run = measured_run(null, work, a)
-        progress("N=1, a tiny model without compute: the latency of a transfer")
-        tiny_run = measured_run(tiny, work, a)
-        progress("N=1: the job")
-        runs = {1: measured_run(job, work, a)}
+        m, n1 = measure_n1(a, work)
+        runs = {1: n1["job"]}
         rc = resolved(job).runconfig
         workload = build_workload(resolved(job), NS, rc.swarmx_fanout, rc.num_wgt_servers)
-        m = Measurements(
-            host_cores=cores,
-            unit_seconds_by_cores={k: [tuple(x) for x in v] for k, v in by_cores.items()},
-            update_rate=update_rate,
-            reduce_rate=reduce_rate,
-            step_s=median_steps(runs[1].step_rows(), a.skip),
-            null=null_run_of(null, null_run, a),
-            tiny=null_run_of(tiny, tiny_run, a),
-            swarmx_fanout=rc.swarmx_fanout,
-            memoryx_shards=rc.num_wgt_servers,
-        )
         cluster = calibrate(m, workload)
         preds = predict(cluster, workload, NS)
         for n in MEASURED_NS[1:]:  # measured to compare only: nothing of these goes into the model
@@ -392,8 +411,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "rows": [row(p) for p in preds if p is not None],
         "runs": {str(n): r.summary() for n, r in runs.items()},
-        "null_run": null_run.summary(),
-        "tiny_null_run": tiny_run.summary(),
+        "null_run": n1["null"].summary(),
+        "network_null_run": n1["network_null"].summary(),
+        "tiny_null_run": n1["tiny"].summary(),
         "cluster": {k: v for k, v in cluster.to_dict().items() if k not in ("unit_seconds",)},
         "cerebras_like": cerebras_table(a),
     }

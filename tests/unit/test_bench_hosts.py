@@ -4,11 +4,14 @@ JSON's headline keys; bench/broadcast_hosts.py's reading of the switch's counter
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from tests.bench_module import load_bench
+from tests.unit.simulate.test_model import GB, cluster, workload
 from weightstream.simulate.cluster import cerebras_like
+from weightstream.simulate.model import predict_one
 
 hosts = load_bench("hosts")
 broadcast_hosts = load_bench("broadcast_hosts")
@@ -33,6 +36,21 @@ def test_a_link_rate_caps_every_bandwidth_a_host_link_carries_and_only_lowers_th
     assert capped.link_bandwidth == capped.memoryx_bandwidth == capped.swarmx_bandwidth == 125e6
     assert capped.swarmx_reduce_rate == fast.swarmx_reduce_rate  # adding up gradients is not a link
     assert hosts.at_link_rate(fast, 1e15) == fast
+
+
+def test_the_prediction_across_hosts_is_over_the_network_plane_unlimited_and_capped() -> None:
+    job = workload(nbytes=1e8, flops=1e9, signature="job")
+    base = cluster(workers_per_host=0, host_cores=2, stream_cpu_s_per_byte=1e-10, swarmx_bandwidth=2 * GB)
+    with pytest.raises(ValueError, match="no network-plane figures"):
+        hosts.predicted_across_hosts(base, job, 125e6)  # never quietly the shared-memory figures
+    calibrated = replace(base, network_stream_cpu_s_per_byte=1e-9, network_link_bandwidth=0.5 * GB)
+    predicted = hosts.predicted_across_hosts(calibrated, job, 125e6)
+    net = calibrated.over_network()
+    unlimited, capped = predict_one(net, job, 2), predict_one(hosts.at_link_rate(net, 125e6), job, 2)
+    shared = predict_one(base, job, 2)
+    assert unlimited is not None and capped is not None and shared is not None
+    assert predicted == {"unlimited": unlimited.step_s, "1gbit": capped.step_s}
+    assert shared.step_s < unlimited.step_s < capped.step_s
 
 
 def test_errors_are_relative_to_the_measurement_and_the_figure_is_the_larger() -> None:

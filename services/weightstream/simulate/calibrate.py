@@ -10,6 +10,10 @@ What is measured (``bench/scaling.py`` does it), and what each figure becomes:
     one hop (bisection: the model's step of that run, with no barrier, equals the measured one);
   - the same with a tiny model of as many units (bytes ~1000x fewer): its step is what transfers cost
     whatever their size (RPCs, the Python around them)  ->  ``link_latency_s``;
+  - optionally, the first null run again with every byte over gRPC on loopback (``runconfig.data_plane:
+    grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``, ``network_link_bandwidth``: what
+    roles on separate hosts pay (``Cluster.over_network``). The latency stays the tiny run's: a transfer's
+    fixed cost is its RPCs, which both planes make (shared memory sends the header over gRPC too);
   - the appliance at N = 1 on the real job: what the model does not yet explain of its step time  ->
     ``step_overhead_s`` (the coordinator's rounds, and whatever else a step pays once).
 Nothing measured at N > 1 goes in: the bench measures N = 2 and 4 only to compare.
@@ -53,6 +57,9 @@ class Measurements:
     # the same with a tiny model (same depth, ~1000x fewer bytes): what a transfer costs whatever its
     # size (the RPCs, the Python around them) -> the latency per hop; None: no latency
     tiny: NullRun | None = None
+    # ``null`` again with every byte over gRPC (``runconfig.data_plane: grpc``): the network data plane's
+    # cost per byte and its bandwidth per hop; None: not measured (the cluster gets no network figures)
+    network_null: NullRun | None = None
     swarmx_fanout: int = 4
     memoryx_shards: int = 1
 
@@ -66,6 +73,8 @@ class Measurements:
             "null_step_s": self.null.step_s,
             "null_cpu_s_per_step": self.null.cpu_s_per_step,
             "tiny_null_step_s": self.tiny.step_s if self.tiny else None,
+            "network_null_step_s": self.network_null.step_s if self.network_null else None,
+            "network_null_cpu_s_per_step": self.network_null.cpu_s_per_step if self.network_null else None,
         }
 
 
@@ -106,7 +115,9 @@ def _bisect(f: Any, lo: float, hi: float, target: float, geometric: bool, iters:
 
 
 def calibrate(m: Measurements, workload: Workload, name: str = "this machine") -> Cluster:
-    """The ``Cluster`` of this machine: every role on one host of ``m.host_cores`` cores."""
+    """The ``Cluster`` of this machine: every role on one host of ``m.host_cores`` cores, exchanging
+    tensors in shared memory; with ``m.network_null``, also the network data plane's figures, which
+    ``Cluster.over_network`` puts in place for roles on separate hosts."""
     cores = sorted(m.unit_seconds_by_cores)
     if cores != list(range(1, len(cores) + 1)):
         raise ValueError(f"unit timings on {cores} cores: every count from 1 up is needed")
@@ -114,12 +125,16 @@ def calibrate(m: Measurements, workload: Workload, name: str = "this machine") -
     total_one = sum(f + b for f, b in one)
     speedup = tuple(total_one / sum(f + b for f, b in m.unit_seconds_by_cores[k]) for k in cores)
     flops = sum((u.fwd_flops + u.bwd_flops) for u in workload.units)
-    # transport: the CPU of the null run beyond what its (tiny) compute and the update take
-    null_flops = sum(u.fwd_flops + u.bwd_flops for u in m.null.workload.units)
-    null_compute = null_flops * (m.null.workload.batch(1) or 1) * total_one / flops
-    null_update = workload.num_params / m.update_rate
-    null_cpu = sum(m.null.cpu_s_per_step.values()) - null_compute - null_update
-    stream_cpu = max(0.0, null_cpu) / transport_bytes(m.null.workload, 1)[0]
+
+    def transport_cpu(null: NullRun) -> float:
+        """CPU-seconds per byte and link: the CPU of a null run beyond what its (tiny) compute and the
+        update take, over the bytes times links it moved."""
+        null_flops = sum(u.fwd_flops + u.bwd_flops for u in null.workload.units)
+        compute = null_flops * (null.workload.batch(1) or 1) * total_one / flops
+        cpu = sum(null.cpu_s_per_step.values()) - compute - workload.num_params / m.update_rate
+        return max(0.0, cpu) / transport_bytes(null.workload, 1)[0]
+
+    stream_cpu = transport_cpu(m.null)
     base = Cluster(
         name=name,
         unit_seconds=tuple((f, b) for f, b in one),
@@ -136,11 +151,12 @@ def calibrate(m: Measurements, workload: Workload, name: str = "this machine") -
         notes=(),
     )
 
-    def fitted(bw: float, latency: float, overhead: float = 0.0) -> Cluster:
+    def fitted(bw: float, latency: float, overhead: float = 0.0, cpu: float = stream_cpu) -> Cluster:
         # loopback: a hop is as fast as one core moves the bytes; a SwarmX node serves its children from
         # as many cores as the host has
         return replace(
             base,
+            stream_cpu_s_per_byte=cpu,
             link_bandwidth=bw,
             memoryx_bandwidth=bw,
             swarmx_bandwidth=bw * m.host_cores,
@@ -163,16 +179,29 @@ def calibrate(m: Measurements, workload: Workload, name: str = "this machine") -
             )
     overhead = max(0.0, m.step_s - _step(fitted(bw, latency), workload))
     cluster = fitted(bw, latency, overhead)
-    notes = (
+    notes = [
         f"measured: a worker's unit compute on 1..{m.host_cores} cores, speedup "
         + ", ".join(f"{s:.2f}" for s in speedup),
         f"measured: MemoryX updates {m.update_rate:.3g} parameters/s on one core",
-        f"measured (N=1, no compute): transport {stream_cpu * 1e9:.2f} CPU-ns per byte and link, "
-        f"{bw / 1e9:.2f} GB/s and {latency * 1e3:.2f} ms per hop",
+        f"measured (N=1, no compute, shared memory): transport {stream_cpu * 1e9:.2f} CPU-ns per byte "
+        f"and link, {bw / 1e9:.2f} GB/s and {latency * 1e3:.2f} ms per hop",
         f"measured (N=1): {overhead:.3f} s per step the rest of the model does not explain (barrier)",
         f"every role shares this host's {m.host_cores} cores; N workers get {m.host_cores}//N cores each",
-    )
-    return replace(cluster, notes=notes)
+    ]
+    if m.network_null is not None:
+        # the bandwidth fit again on the run over gRPC, with its own CPU per byte and the latency above
+        net_cpu, net = transport_cpu(m.network_null), m.network_null
+        net_bw = _bisect(
+            lambda x: _step(fitted(x, latency, cpu=net_cpu), net.workload), 1e6, 1e12, net.step_s, True
+        )
+        cluster = replace(cluster, network_stream_cpu_s_per_byte=net_cpu, network_link_bandwidth=net_bw)
+        notes.insert(
+            3,
+            "measured (N=1, no compute, every byte over gRPC on loopback): network plane "
+            f"{net_cpu * 1e9:.2f} CPU-ns per byte and link, {net_bw / 1e9:.2f} GB/s per hop (for roles on "
+            "separate hosts: --data-plane network)",
+        )
+    return replace(cluster, notes=tuple(notes))
 
 
 def _step(cluster: Cluster, workload: Workload) -> float:

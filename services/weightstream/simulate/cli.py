@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,7 +20,7 @@ from weightstream.simulate.model import predict
 from weightstream.simulate.report import PLOT_HINT, breaks_line, document, plot, table
 from weightstream.simulate.workload import build_workload
 
-__all__ = ["DEFAULT_NS", "parse_ns", "simulate"]
+__all__ = ["DEFAULT_NS", "DataPlane", "parse_ns", "simulate"]
 
 DEFAULT_NS = "1,2,4,8,16,32,64,128,192"
 MAX_N = 100_000  # beyond this the tree (built node by node, as make_plan does) takes a while for nothing
@@ -38,6 +39,15 @@ FIGURES = {
     "--workers-per-host": "workers_per_host",
 }
 OPTION_OF = {field: option for option, field in FIGURES.items()}
+RECALIBRATE = "python bench/scaling.py --calibration-out FILE"
+
+
+class DataPlane(StrEnum):
+    """How the roles exchange tensors: a calibration prices both, from runs on one host."""
+
+    shared_memory = "shared_memory"  # the cluster's own figures (a calibration's: every role on one host)
+    network = "network"  # roles on separate hosts, every byte over gRPC (``Cluster.over_network``)
+
 
 err = Console(stderr=True)
 
@@ -77,6 +87,18 @@ def _base_cluster(cluster: str | None, calibration: Path | None) -> Cluster:
         raise ClusterError(f"--cluster {e}") from e
 
 
+def _over_network(base: Cluster, cluster: str | None, calibration: Path | None) -> Cluster:
+    """``base`` with the network data plane's figures in place; ClusterError when it has none."""
+    if not base.has_network_figures:
+        source = f"--calibration {calibration}" if calibration else f"--cluster {cluster or base.name}"
+        raise ClusterError(
+            f"--data-plane network: {source} has no network-plane figures (network_stream_cpu_s_per_byte, "
+            f"network_link_bandwidth); recalibrate with `{RECALIBRATE}` (its null run over gRPC measures "
+            "them) or give them in a --cluster file"
+        )
+    return base.over_network()
+
+
 def simulate(
     params: Annotated[
         Path, typer.Argument(help="params YAML: the model and batch to price", show_default=False)
@@ -91,6 +113,15 @@ def simulate(
     calibration: Annotated[
         Path | None, typer.Option(help="a calibration of this machine, as bench/scaling.py writes it")
     ] = None,
+    data_plane: Annotated[
+        DataPlane,
+        typer.Option(
+            "--data-plane",
+            help="how roles exchange tensors: shared_memory (the cluster's figures as given; a calibration's "
+            "are every role on one host) or network (roles on separate hosts over gRPC: the calibration's "
+            "figures from its loopback gRPC run; options such as --link-bandwidth still apply on top)",
+        ),
+    ] = DataPlane.shared_memory,
     per_worker_batch: Annotated[
         int | None,
         typer.Option("--per-worker-batch", min=1, help="samples per worker (default: batch_size / num_csx)"),
@@ -137,6 +168,8 @@ def simulate(
     try:
         ns = parse_ns(num_csx)
         base = _base_cluster(cluster, calibration)
+        if data_plane == DataPlane.network:
+            base = _over_network(base, cluster, calibration)
         changes = {k: v for k, v in values.items() if v is not None}
         try:
             the_cluster = dataclasses.replace(base, **changes)

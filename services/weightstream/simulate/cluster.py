@@ -7,8 +7,9 @@ FILE``) and is what a calibration (``--calibration FILE``) holds.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,11 @@ class Cluster:
     # CPU-seconds a byte costs per hop when the transport runs in software on the shared host (copies,
     # checksums, gRPC): it competes with the workers' compute for the same cores. 0: dedicated hardware
     stream_cpu_s_per_byte: float = 0.0
+    # -- the network data plane: what the figures above become when roles on separate hosts exchange
+    # tensors over gRPC instead of shared memory (a calibration measures both, see ``over_network``).
+    # None: not measured; the figures above stand for both planes
+    network_stream_cpu_s_per_byte: float | None = None  # CPU-seconds a byte costs per hop over gRPC
+    network_link_bandwidth: float | None = None  # bytes/s of one hop over gRPC, each direction
     # -- the step barrier ----------------------------------------------------------------------------------
     step_overhead_s: float = 0.0  # per step: the coordinator's RunStep, GradNormSq, ApplyUpdate rounds
     per_worker_overhead_s: float = 0.0  # per step and worker: the coordinator's calls to each
@@ -75,6 +81,12 @@ class Cluster:
             "worker_jitter", "worker_flops",
         ):  # fmt: skip
             _check(name, getattr(self, name), lambda v: v >= 0, "a number >= 0")
+        for name, ok, expected in (
+            ("network_stream_cpu_s_per_byte", lambda v: v >= 0, "a number >= 0"),
+            ("network_link_bandwidth", lambda v: v > 0, "a number > 0"),
+        ):
+            if getattr(self, name) is not None:  # None: not measured
+                _check(name, getattr(self, name), ok, f"{expected} or null (not measured)")
         _check("swarmx_fanout", self.swarmx_fanout, lambda v: v >= 2, "an integer >= 2")
         for name in ("memoryx_shards", "host_cores"):
             _check(name, getattr(self, name), lambda v: v >= 1, "an integer >= 1")
@@ -93,6 +105,39 @@ class Cluster:
     def shared_host(self) -> bool:
         """Every role on one host (this development machine): the workers split its cores."""
         return self.workers_per_host == 0
+
+    @property
+    def has_network_figures(self) -> bool:
+        """Whether a calibration measured the network data plane (``over_network`` then changes something)."""
+        return self.network_stream_cpu_s_per_byte is not None or self.network_link_bandwidth is not None
+
+    def over_network(self) -> Cluster:
+        """This cluster with its roles exchanging tensors over the network data plane (gRPC byte streams):
+        the network figures in place of ``stream_cpu_s_per_byte`` and ``link_bandwidth``. A MemoryX shard
+        and a SwarmX node keep their bandwidth in the same proportion to one link's (a calibration's
+        SwarmX node serves its children from every core of the host: ``host_cores`` links' worth). The
+        network figures are cleared in the result, whose own figures are now the network's: calling it
+        again, or on a cluster without network figures, returns the cluster unchanged."""
+        if not self.has_network_figures:
+            return self
+        cpu = self.network_stream_cpu_s_per_byte
+        cpu = self.stream_cpu_s_per_byte if cpu is None else cpu
+        bw = self.network_link_bandwidth or self.link_bandwidth
+        scale = bw / self.link_bandwidth
+        note = (
+            "predicted over the network data plane (roles on separate hosts, tensors over gRPC): "
+            f"transport {cpu * 1e9:.2f} CPU-ns per byte and link, {bw / 1e9:.2f} GB/s per hop"
+        )
+        return replace(
+            self,
+            stream_cpu_s_per_byte=cpu,
+            link_bandwidth=bw,
+            memoryx_bandwidth=self.memoryx_bandwidth * scale,
+            swarmx_bandwidth=self.swarmx_bandwidth * scale,
+            network_stream_cpu_s_per_byte=None,
+            network_link_bandwidth=None,
+            notes=(*self.notes, note),
+        )
 
     def speedup(self, cores: int) -> float:
         return self.core_speedup[min(cores, len(self.core_speedup)) - 1]
@@ -134,7 +179,11 @@ def load_cluster(path: Path) -> Cluster:
     """A cluster from a JSON or YAML file: a mapping of ``Cluster`` fields, or a calibration file (whose
     ``cluster`` key holds them)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML reads JSON too
+        text = path.read_text(encoding="utf-8")
+        try:  # JSON first: YAML 1.1 reads JSON's 1e-09 (no dot) as a string, not a number
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as e:
         raise ClusterError(f"{path}: cannot be read: {e}") from e
     if isinstance(data, dict) and isinstance(data.get("cluster"), dict):

@@ -110,3 +110,65 @@ def test_a_tiny_null_run_gives_the_latency_per_hop() -> None:
     assert fit.step_s == pytest.approx(0.5, rel=1e-4)
     assert big.step_s == pytest.approx(3.0, rel=1e-3)  # the bandwidth was fitted again with that latency
     assert "ms per hop" in " ".join(cluster.notes)
+
+
+def test_a_json_calibration_keeps_figures_json_writes_without_a_dot(tmp_path: Path) -> None:
+    # json.dumps writes 1e-09 where YAML 1.1 wants 1.0e-09: read as YAML it would be the string "1e-09"
+    calibrated = calibrate(measurements(step_s=5.0), workload(nbytes=1e8, flops=1e9, signature="job"))
+    cluster = replace(calibrated, stream_cpu_s_per_byte=1e-09, link_latency_s=2e-05)
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cluster": cluster.to_dict()}))
+    assert "1e-09" in path.read_text()
+    assert load_cluster(path) == cluster
+
+
+def with_network_null(m: Measurements, step_s: float = 6.0, cpu_s: float = 3.1) -> Measurements:
+    """``m`` and its null run again over gRPC: twice as slow, with ``cpu_s`` CPU-seconds a step."""
+    cpu = {"memoryx": cpu_s - 2.0, "swarmx": 1.0, "worker": 1.0, "activation": 0.0, "coordinator": 0.0}
+    return replace(m, network_null=NullRun(step_s, cpu, m.null.workload))
+
+
+def test_a_network_null_run_gives_the_network_plane_s_figures() -> None:
+    job = workload(nbytes=1e8, flops=1e9, signature="job")
+    m = with_network_null(measurements(step_s=5.0))
+    assert m.network_null is not None
+    shared, both = calibrate(replace(m, network_null=None), job), calibrate(m, job)
+    # the shared-memory figures are what they were without the run over gRPC
+    no_network = {"network_stream_cpu_s_per_byte": None, "network_link_bandwidth": None, "notes": ()}
+    assert replace(both, **no_network) == replace(shared, notes=())
+    # as for shared memory: 3.1 CPU-s per step, less the update and the compute, over 1.6e9 bytes x links
+    compute = 9.0 * 0.9 / 9e9
+    assert both.network_stream_cpu_s_per_byte == pytest.approx((3.1 - 1.0 - compute) / 1.6e9)
+    assert both.network_link_bandwidth is not None and both.network_link_bandwidth < both.link_bandwidth
+    # over the network the model gives the gRPC null run's step (no barrier), and is slower for the job
+    net = both.over_network()
+    null = predict_one(replace(net, step_overhead_s=0.0), m.network_null.workload, 1)
+    assert null is not None and null.step_s == pytest.approx(6.0, rel=1e-6)
+    for n in (1, 2, 4):
+        over_shm, over_net = predict_one(both, job, n), predict_one(net, job, n)
+        assert over_shm is not None and over_net is not None
+        assert over_net.step_s > over_shm.step_s
+    assert predict_one(both, job, 2) == predict_one(shared, job, 2)  # the default is shared memory, as before
+    notes = " ".join(both.notes)
+    assert "shared memory" in notes and "over gRPC on loopback" in notes and "--data-plane network" in notes
+
+
+def test_an_old_calibration_without_network_figures_loads_and_predicts_as_before(tmp_path: Path) -> None:
+    job = workload(nbytes=1e8, flops=1e9, signature="job")
+    cluster = calibrate(measurements(step_s=5.0), job)
+    assert cluster.network_link_bandwidth is None and not cluster.has_network_figures
+    old = {k: v for k, v in cluster.to_dict().items() if not k.startswith("network_")}  # written before them
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cluster": old, "measured": {"step_s_n1": 5.0}}))
+    loaded = load_cluster(path)
+    assert loaded == cluster and loaded.over_network() == cluster
+    assert predict_one(loaded, job, 2) == predict_one(cluster, job, 2)
+
+
+def test_measurements_record_the_network_null_run_when_there_is_one() -> None:
+    m = measurements(step_s=5.0)
+    assert m.to_dict()["network_null_step_s"] is None and m.to_dict()["network_null_cpu_s_per_step"] is None
+    d = with_network_null(m).to_dict()
+    assert d["network_null_step_s"] == 6.0 and sum(
+        d["network_null_cpu_s_per_step"].values()
+    ) == pytest.approx(3.1)

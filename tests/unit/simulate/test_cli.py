@@ -144,3 +144,69 @@ def test_a_left_out_hdf5_sequence_length_is_read_from_the_files(tmp_path: Path) 
         assert r.exit_code == 0, r.output
         docs.append(json.loads(r.output)["predictions"])
     assert docs[0] == docs[1]
+
+
+def calibration_file(path: Path, network: bool) -> Path:
+    """A calibration of a 2-core host, as bench/scaling.py writes it: with the network plane's figures
+    (its null run over gRPC), or without them (a file written before that run existed)."""
+    cluster = {
+        "name": "this machine",
+        "worker_flops": 1e9,
+        "link_bandwidth": 5e9,
+        "memoryx_bandwidth": 5e9,
+        "swarmx_bandwidth": 1e10,
+        "host_cores": 2,
+        "workers_per_host": 0,
+        "stream_cpu_s_per_byte": 3e-10,
+        "notes": ["measured (N=1, no compute, shared memory): transport 0.30 CPU-ns per byte and link"],
+    }
+    if network:
+        cluster |= {"network_stream_cpu_s_per_byte": 2e-9, "network_link_bandwidth": 5e8}
+    path.write_text(json.dumps({"cluster": cluster, "measured": {"step_s_n1": 1.0}, "model": "gpt2"}))
+    return path
+
+
+def test_data_plane_network_prices_roles_on_separate_hosts(params: Path, tmp_path: Path) -> None:
+    calibration = calibration_file(tmp_path / "calibration.json", network=True)
+    args = ["simulate", str(params), "--num_csx", "1,2,4", "--calibration", str(calibration), "--json"]
+    docs = {}
+    for plane in ("default", "shared_memory", "network"):
+        r = runner.invoke(app, args + ([] if plane == "default" else ["--data-plane", plane]))
+        assert r.exit_code == 0, r.output
+        docs[plane] = json.loads(r.output)
+    assert docs["default"] == docs["shared_memory"]  # what simulate priced before the option existed
+    shm, net = docs["shared_memory"], docs["network"]
+    assert shm["cluster"]["link_bandwidth"] == 5e9 and shm["cluster"]["stream_cpu_s_per_byte"] == 3e-10
+    assert net["cluster"]["link_bandwidth"] == 5e8 and net["cluster"]["stream_cpu_s_per_byte"] == 2e-9
+    assert net["cluster"]["swarmx_bandwidth"] == 1e9  # two links' worth, as in the calibration
+    for a, b in zip(shm["predictions"], net["predictions"], strict=True):
+        assert b["step_s"] > a["step_s"], (a, b)
+    assert "network data plane" in net["cluster"]["notes"][-1]
+    # the figures on the command line still apply, on top of the network plane's
+    r = runner.invoke(app, [*args, "--data-plane", "network", "--link-bandwidth", "1.25e8"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["cluster"]["link_bandwidth"] == 1.25e8
+    # the table's notes say which plane the figures are for
+    r = runner.invoke(
+        app, ["simulate", str(params), "--calibration", str(calibration), "--data-plane", "network"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "predicted over the network data plane" in " ".join(r.output.split()), r.output
+
+
+def test_data_plane_network_without_network_figures_says_how_to_get_them(
+    params: Path, tmp_path: Path
+) -> None:
+    old = calibration_file(tmp_path / "old.json", network=False)
+    r = runner.invoke(app, ["simulate", str(params), "--calibration", str(old), "--num_csx", "1,2"])
+    assert r.exit_code == 0, r.output  # an old calibration still prices shared memory as before
+    r = runner.invoke(app, ["simulate", str(params), "--calibration", str(old), "--data-plane", "network"])
+    assert r.exit_code == 2, r.output
+    said = " ".join(r.output.split())
+    assert f"--data-plane network: --calibration {old} has no network-plane figures" in said, said
+    assert "recalibrate with `python bench/scaling.py --calibration-out FILE`" in said
+    assert "Traceback" not in r.output
+    r = runner.invoke(app, ["simulate", str(params), "--data-plane", "network"])  # the preset has none either
+    assert r.exit_code == 2 and "--cluster cerebras-like has no network-plane figures" in " ".join(
+        r.output.split()
+    )
