@@ -202,12 +202,22 @@ BENCHES: dict[str, Bench] = {
                 Target(LE, 1.15),
             ),
             Figure(
-                "`weightstream simulate` across hosts, unlimited and 1 Gbit/s: larger |error|",
+                "`weightstream simulate` across hosts, unlimited and 1 Gbit/s: larger relative error",
                 _at("simulate_max_error"),
                 Target(LE, 0.15),
             ),
             Figure("step across hosts, links unlimited", _at("step_s", "across_hosts"), unit="s"),
             Figure("step across hosts, links 1 Gbit/s", _at("step_s", "across_hosts_1gbit"), unit="s"),
+        ),
+    ),
+    "plane_bytes": Bench(
+        "A byte on the network plane (one loopback hop, both ends' CPU)",
+        (
+            Figure("network data plane", _at("plane", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("plain gRPC messages", _at("grpc", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("TCP socket, recv_into", _at("socket", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("socket / network plane", _at("socket_over_plane_cpu")),
+            Figure("network data plane, one hop", _at("plane", "gb_per_s"), unit="GB/s"),
         ),
     ),
 }
