@@ -118,5 +118,6 @@ def test_a_known_bench_without_a_record_shows_its_targets_and_command(
     md = page.render(page.read_records(_write(tmp_path, "kernels", [_kernels(0.937)])))
     assert "## Across hosts" in md and "no record in `bench/results/hosts.jsonl`" in md
     assert "```bash\npython bench/hosts.py\n```" in md
-    assert "| `weightstream simulate` across hosts, unlimited and 1 Gbit/s: larger relative error | ≤ 0.15 |" in md
+    simulate = "`weightstream simulate` across hosts, unlimited and 1 Gbit/s: larger relative error"
+    assert f"| {simulate} | ≤ 0.15 |" in md
     assert "| step across hosts, links unlimited |  |" in md  # no target, no value
