@@ -157,3 +157,8 @@ def test_no_work_diary_in_code_tests_or_docs() -> None:
     ).stdout.splitlines()
     found = diary_lines([ROOT / name for name in listed if (ROOT / name).is_file()])
     assert not found, "say what the code does and why, not when it was done:\n" + "\n".join(found)
+
+
+def test_every_test_runs_under_a_timeout(pytestconfig: pytest.Config) -> None:
+    # pytest-timeout: a test that hangs fails with its stacks, long before CI's own limit ends the run
+    assert 0 < float(pytestconfig.getini("timeout")) <= 900
