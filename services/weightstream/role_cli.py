@@ -72,10 +72,10 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             ),
         ] = "",
     ) -> None:
-        import importlib
         import logging
 
         from weightstream.role import serve_role
+        from weightstream.role_kinds import role_kind
         from weightstream.transport.auth import read_token
 
         if not token_file:
@@ -89,18 +89,18 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             err.print(f"[red]error:[/red] --token-file: {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
-        service = importlib.import_module(f"weightstream.{kind}.service")
+        role = role_kind(kind)
         serve_role(
             kind,
-            service.build,
-            service.add_servicer,
+            role.build,
+            role.add_servicer,
             host,
             port,
             ready_file,
             parent_pid,
             token=token,
             lifeline=until_stdin_closes,
-            reconfigure=getattr(service, "reconfigure", None),
+            reconfigure=role.reconfigure,
         )
 
     article = "an" if what[0].lower() in "aeiou" else "a"
@@ -111,10 +111,7 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
 def add_role_commands(app: typer.Typer) -> None:
     """``health`` (the probe of role pods and containers) and one command per role kind."""
     app.command()(health)
-    for kind, what in (
-        ("memoryx", "MemoryX weight server shard"),
-        ("swarmx", "SwarmX broadcast/reduce node"),
-        ("worker", "CS-2 worker"),
-        ("activation", "activation server"),
-    ):
-        _role_command(app, kind, what)
+    from weightstream.role_kinds import KINDS  # the list alone: no role's code is imported here
+
+    for kind, listed in KINDS.items():
+        _role_command(app, kind, listed.what)
