@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from weightstream.data.processors import DataError, make_data_processor
 from weightstream.data.sequence_length import sequence_length
-from weightstream.params import Params, Problem
+from weightstream.params import Params, ParamsError, Problem
 from weightstream.params.schema import InputParams, LanguageModelParams
 
-__all__ = ["data_problems", "resolve_sequence_lengths"]
+__all__ = ["data_problems", "resolve_sequence_lengths", "with_sequence_lengths"]
 
 _HDF5 = "GptHDF5MapDataProcessor"
 _FILES = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", _HDF5})
@@ -53,6 +53,16 @@ def resolve_sequence_lengths(p: Params) -> tuple[Params, list[Problem]]:
             )
         updates[sec] = inp.model_copy(update={"max_sequence_length": t})
     return (p.model_copy(update=updates) if updates else p), problems
+
+
+def with_sequence_lengths(p: Params) -> Params:
+    """``p`` with every HDF5 input's ``max_sequence_length`` set from its files where it was left out.
+    ParamsError at the input's data directory when the files cannot say, or at ``max_sequence_length``
+    when they say more than the model has positions."""
+    p, problems = resolve_sequence_lengths(p)
+    if problems:
+        raise ParamsError(problems, "params")
+    return p
 
 
 def _readable(inp: InputParams, p: Params) -> bool:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from weightstream.data.processors import DataError
+from weightstream.data.base import DataError
 
 __all__ = ["data_preprocess", "tokenizer_train"]
 

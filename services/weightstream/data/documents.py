@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightstream.data.processors import DataError
+from weightstream.data.base import DataError
 
 __all__ = ["SUPPORTED_SUFFIXES", "DataPreprocessError", "Document", "find_input_files", "read_documents"]
 

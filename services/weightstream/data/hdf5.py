@@ -35,7 +35,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from weightstream.data.processors import Batch, DataError, DataProcessor, _drop_last, _files
+from weightstream.data.base import Batch, DataError, DataProcessor, data_files, drop_last_of
 from weightstream.data.sequence_length import sequence_length
 from weightstream.params.schema import InputParams
 
@@ -136,7 +136,7 @@ class GptHDF5MapDataProcessor(DataProcessor):
     mixture's epochs differ (see the module's docstring)."""
 
     def __init__(self, inp: InputParams, vocab_size: int, seed: int) -> None:
-        super().__init__(inp.batch_size, seed, inp.shuffle, _drop_last(inp))
+        super().__init__(inp.batch_size, seed, inp.shuffle, drop_last_of(inp))
         # left out: the files' sample length (data/sequence_length.py; the coordinator fills it in first)
         seq_len = inp.max_sequence_length or sequence_length(inp)
         self.targets_per_sample = seq_len
@@ -148,7 +148,7 @@ class GptHDF5MapDataProcessor(DataProcessor):
             sources = [(inp.data_dir, 1.0)]
         self.datasets: list[_H5Dataset] = []
         for data_dir, _ in sources:
-            ds = _H5Dataset(_files(data_dir, "*.h5", "GptHDF5MapDataProcessor"), seq_len, vocab_size)
+            ds = _H5Dataset(data_files(data_dir, "*.h5", "GptHDF5MapDataProcessor"), seq_len, vocab_size)
             if ds.n == 0:
                 raise DataError(f"data_dir {data_dir!r}: its .h5 files hold no samples")
             self.datasets.append(ds)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from weightstream.data.sequence_length import with_sequence_lengths
+from weightstream.data.check import with_sequence_lengths
 from weightstream.jobs.data_roots import check_data, confine_data
 from weightstream.jobs.limits import ServiceLimits, check_params
 from weightstream.params import Params, ParamsError

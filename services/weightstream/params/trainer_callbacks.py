@@ -3,13 +3,11 @@ applicable (it changes nothing here) or refused with the reason."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from weightstream.params.errors import Problem
 from weightstream.params.layout import join
-
-if TYPE_CHECKING:
-    from weightstream.params.trainer_layout import Translation
+from weightstream.params.translation import Translation
 
 __all__ = ["callbacks", "loggers"]
 

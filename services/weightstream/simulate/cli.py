@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightstream.data.sequence_length import with_sequence_lengths
+from weightstream.data.check import with_sequence_lengths
 from weightstream.params import ParamsError, load_params
 from weightstream.simulate.cluster import PRESETS, Cluster, ClusterError, load_cluster
 from weightstream.simulate.model import predict

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.unit.test_params_trainer import LEGACY
-from weightstream.data.sequence_length import with_sequence_lengths
+from weightstream.data.check import with_sequence_lengths
 from weightstream.params import ParamsError, load_params
 
 
