@@ -1,4 +1,5 @@
-"""bench/chaos.py: its fault schedule, the arithmetic of its summary, and (slow) a smoke run end to end."""
+"""bench/chaos.py: its fault schedule, the arithmetic of its summary, and the comparison of two runs'
+checkpoints; the smoke run end to end is in tests/integration/test_bench_chaos.py."""
 
 from __future__ import annotations
 
@@ -145,14 +146,3 @@ def test_summary_from_the_events_of_both_runs(tmp_path: Path) -> None:
     assert s["bitwise_equal"] is True and s["losses_equal"] is True
     (faulty.model_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.5}\n')
     assert chaos.summarize(base, faulty)["losses_equal"] is False
-
-
-@pytest.mark.slow
-def test_smoke_run_recovers_from_every_kind_of_fault_bit_for_bit(capsys: pytest.CaptureFixture[str]) -> None:
-    result = chaos.main(["--smoke"])
-    assert json.loads(capsys.readouterr().out) == result
-    assert result["faults"]["total"] == 5 and result["faults"]["by_signal"]["SIGSTOP"] == 1
-    assert result["restarts"] == 5 and result["undetected_faults"] == 0
-    assert result["detection_s_sigstop"] >= result["rpc_timeout_s"]  # a hang is found by the deadline
-    assert result["replay_steps_total"] >= 3  # the first MemoryX kill rolls back to the seed's state
-    assert result["bitwise_equal"] and result["losses_equal"]

@@ -18,18 +18,6 @@ def test_the_machine_is_read_from_cpuinfo_and_meminfo() -> None:
     assert machine.ram_gib("") is None
 
 
-def test_a_record_leads_with_where_when_and_what_ran() -> None:
-    machine = load_bench("machine")
-    figures = {"bench": "ignored", "machine": {"numpy": "2.3"}, "ratio": 0.95}
-    out = machine.record("kernels", figures, ["/anywhere/bench/kernels.py", "--repeats", "3"])
-    assert list(out)[:6] == ["bench", "date", "command", "commit", "machine", "source"]
-    assert out["bench"] == "kernels" and out["source"] == "run" and out["ratio"] == 0.95
-    assert out["command"] == "python bench/kernels.py --repeats 3"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d", out["date"])
-    assert out["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", out["commit"])
-    assert set(machine.MACHINE_KEYS) <= out["machine"].keys() and out["machine"]["numpy"] == "2.3"
-
-
 def test_every_bench_that_prints_a_line_prints_a_record() -> None:
     """A bench that builds its line without bench/machine.py's record would print figures of no machine."""
     prints = re.compile(r"print\(\s*json\.dumps\(")

@@ -368,29 +368,6 @@ def test_keep_checkpoint_max_is_modelzoos_key_and_optional() -> None:
     assert load_params(GOOD).runconfig.keep_checkpoint_max is None  # absent: every checkpoint is kept
 
 
-def test_the_pipelined_memory_check_builds_no_model() -> None:
-    """A billion layers are counted in closed form: building the model to count them would take all the
-    memory of the machine. Run with 2 GiB of address space, so a regression fails instead of swapping."""
-    import json
-    import subprocess
-    import sys
-
-    d = _with("runconfig.execution_mode", "pipelined")
-    d["runconfig"].update(worker_memory_mb=1, num_wgt_servers=1)
-    d["model"]["num_hidden_layers"] = 10**9
-    script = (
-        "import json, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
-        "from weightstream.params import ParamsError, load_params\n"
-        "try:\n    load_params(json.loads(sys.stdin.read()))\n"
-        "except ParamsError as e:\n    print(json.dumps([p.path for p in e.problems]))"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", script], input=json.dumps(d), capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == ["runconfig.execution_mode"]
-
-
 def test_embedding_dropout_follows_dropout_rate_unless_given() -> None:
     """ModelZoo's default: embedding_dropout_rate left out is dropout_rate, for the model and config.json."""
     from weightstream.training.checkpoints import hf_config

@@ -1,11 +1,10 @@
-"""The shared-memory data plane (transport/shm.py): tensors travel as a header naming memfds, mapped
-read-only by the receiver, checked end to end, confined to the job's own memfds, and nothing leaks."""
+"""The shared-memory data plane (transport/shm.py): tensors travel as a header naming memfds, mapped read-only
+by the receiver, checked end to end, confined to the job's own memfds, and nothing leaks. Across processes:
+tests/integration/test_shm.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -128,32 +127,6 @@ def test_a_sender_that_is_gone_gives_a_clear_error() -> None:
     raw = header.SerializeToString()
     with pytest.raises(ProtocolError, match=r"cannot open shared memory .*data_plane: grpc"):
         read_messages([len(raw).to_bytes(4, "little") + raw], TAG)
-
-
-_CHILD = """
-import sys, numpy as np
-from weightstream.transport.shm import REFERENCES_ONLY, SharedArena
-from weightstream.transport.tensors import tensor_messages
-arena = SharedArena(sys.argv[1])
-w = arena.empty((256, 4))
-w[...] = np.arange(w.size, dtype=np.float32).reshape(w.shape)
-(msg,) = tensor_messages([("w", w)], shm=REFERENCES_ONLY)
-sys.stdout.buffer.write(msg)
-sys.stdout.flush()
-sys.stdin.read()  # hold the memfd open until the parent has mapped it
-"""
-
-
-def test_another_process_memfd_is_mapped_and_outlives_it() -> None:
-    cmd = [sys.executable, "-c", _CHILD, TAG]
-    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
-        assert child.stdout is not None and child.stdin is not None
-        msg = child.stdout.read1(1 << 16)
-        _, out = read_messages([msg], TAG)
-        child.stdin.close()
-        assert child.wait(timeout=30) == 0
-    # the sender has exited (its memfd closed): the mapping keeps the memory
-    np.testing.assert_array_equal(out["w"].reshape(-1), np.arange(1024, dtype=np.float32))
 
 
 def test_memfds_are_named_by_the_job_tag_which_does_not_reveal_the_credential() -> None:

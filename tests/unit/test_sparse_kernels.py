@@ -1,20 +1,15 @@
 """The sparse weight kernels (numerics/sparse.py, _sparse_kernels.py): equal to the dense products on the
-masked weight (torch float64 reference), bitwise reproducible across reruns and thread counts, and the
-dense/sparse rule as tuned."""
+masked weight (torch float64 reference), and the dense/sparse rule as tuned. Bitwise reproducibility
+across reruns and thread counts is in tests/integration/test_sparse_kernels.py."""
 
 from __future__ import annotations
-
-import hashlib
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from numpy.testing import assert_allclose, assert_array_equal
 
-from tests.model_checks import digest_with_threads
+from tests.sparse_weights import SPARSE_SHAPE, sparse_weight, transposed_copy
 from weightstream.numerics._blocked import matmul
 from weightstream.numerics.sparse import (
     SparseWeight,
@@ -28,25 +23,8 @@ from weightstream.numerics.sparse import (
 M = 600  # three row tiles of 256 (the last one partial), split in two parts
 
 
-def _weight(shape: tuple[int, int], density: float, seed: int = 0, edge: bool = False) -> SparseWeight:
-    rng = np.random.default_rng(seed)
-    keep = rng.random(shape) < density
-    if edge:  # an empty row and an empty column
-        keep[3, :] = False
-        keep[:, 5] = False
-    positions = np.flatnonzero(keep).astype(np.int64)
-    return SparseWeight.from_positions(
-        shape, positions, rng.standard_normal(positions.size, dtype=np.float32)
-    )
-
-
 def _t(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a)).double()
-
-
-def _transposed_copy(a: np.ndarray) -> np.ndarray:
-    """The same values as ``a``, as a transposed (F-ordered) view: the worker's a_t.T operands."""
-    return np.ascontiguousarray(a.T).T
 
 
 CASES = [((40, 48), 0.05, False), ((40, 48), 0.1, True), ((64, 24), 0.5, False), ((24, 64), 1.0, False)]
@@ -57,14 +35,14 @@ CASES = [((40, 48), 0.05, False), ((40, 48), 0.1, True), ((64, 24), 0.5, False),
 def test_products_equal_the_dense_masked_products(
     shape: tuple[int, int], density: float, edge: bool, layout: str
 ) -> None:
-    w = _weight(shape, density, edge=edge)
+    w = sparse_weight(shape, density, edge=edge)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((M, shape[0]), dtype=np.float32)
     dy = rng.standard_normal((M, shape[1]), dtype=np.float32)
     if layout in ("transposed", "x_transposed"):
-        x = _transposed_copy(x)
+        x = transposed_copy(x)
     if layout in ("transposed", "dy_transposed"):
-        dy = _transposed_copy(dy)
+        dy = transposed_copy(dy)
     wd = _t(w.dense())
     assert_allclose(w.dense().reshape(-1)[w.positions], w.values)
     assert np.count_nonzero(w.dense()) == np.count_nonzero(w.values)
@@ -76,7 +54,7 @@ def test_products_equal_the_dense_masked_products(
 
 @pytest.mark.parametrize("out_layout", ["c", "transposed", "strided"])
 def test_outputs_may_be_strided_views(out_layout: str) -> None:
-    w = _weight((40, 48), 0.1)
+    w = sparse_weight((40, 48), 0.1)
     x = np.random.default_rng(2).standard_normal((M, 40), dtype=np.float32)
     bias = np.arange(48, dtype=np.float32)
     base = {
@@ -97,13 +75,10 @@ def test_nnz_zero_gives_zeros() -> None:
     assert sampled_matmul(x, np.ones((M, 20), np.float32), w).shape == (0,)
 
 
-SPARSE_SHAPE = (320, 256)  # 81920 elements: big enough that the rule picks sparse at 0.1
-
-
 def test_matmul_any_sparse_operands_as_the_worker_calls_them() -> None:
     """GPT-2's calls: W.T @ h.T with a row bias (sparse left, out [3C, N]), a_t.T @ W, W @ d.T into a
     given out, d.T @ W.T; LLaMA's x @ W.T with a column bias."""
-    w = _weight(SPARSE_SHAPE, 0.1)
+    w = sparse_weight(SPARSE_SHAPE, 0.1)
     assert use_sparse_kernels(w.shape, w.density)
     rng = np.random.default_rng(3)
     r, c = SPARSE_SHAPE
@@ -115,9 +90,9 @@ def test_matmul_any_sparse_operands_as_the_worker_calls_them() -> None:
     m_bias = rng.standard_normal(M, dtype=np.float32)
     checks = [
         (matmul_any(w.T, h.T, bias=row_bias), wd.T @ _t(h).T + _t(row_bias)),
-        (matmul_any(_transposed_copy(h), w), _t(h) @ wd),
+        (matmul_any(transposed_copy(h), w), _t(h) @ wd),
         (matmul_any(w, d.T, out=np.empty((r, M), np.float32)), wd @ _t(d).T),
-        (matmul_any(_transposed_copy(d), w.T), _t(d) @ wd.T),
+        (matmul_any(transposed_copy(d), w.T), _t(d) @ wd.T),
         (matmul_any(d, w.T, bias=col_bias), _t(d) @ wd.T + _t(col_bias)),
         (matmul_any(w, d.T, bias=m_bias), wd @ _t(d).T + _t(m_bias)),  # sparse left, column bias
         (matmul_any(h, w, bias=m_bias[:, None]), _t(h) @ wd + _t(m_bias[:, None])),  # sparse right, row bias
@@ -134,7 +109,7 @@ def test_matmul_any_dense_is_blocked_matmul_bytes() -> None:
     b = rng.standard_normal((300, 200), dtype=np.float32)
     bias = rng.standard_normal(200, dtype=np.float32)
     assert matmul_any(a, b, bias=bias).tobytes() == matmul(a, b, bias=bias).tobytes()
-    w = _weight(SPARSE_SHAPE, 0.5)  # the rule says dense: the densified weight through _blocked.matmul
+    w = sparse_weight(SPARSE_SHAPE, 0.5)  # the rule says dense: the densified weight through _blocked.matmul
     assert not use_sparse_kernels(w.shape, w.density)
     x = rng.standard_normal((M, SPARSE_SHAPE[0]), dtype=np.float32)
     assert matmul_any(x, w).tobytes() == matmul(x, w.dense()).tobytes()
@@ -149,18 +124,18 @@ def test_weight_grad() -> None:
     assert weight_grad(x, dy, dense_w).tobytes() == matmul(x.T, dy).tobytes()
     full = (_t(x).T @ _t(dy)).numpy().reshape(-1)
     for density in (0.1, 0.5):  # sparse rule, dense rule
-        w = _weight(SPARSE_SHAPE, density)
+        w = sparse_weight(SPARSE_SHAPE, density)
         assert_allclose(weight_grad(x, dy, w), full[w.positions], rtol=1e-5, atol=1e-4)
     # the dense rule gathers the dense product's bytes, so those entries match a dense run's exactly
     dense_bytes = matmul(x.T, dy).reshape(-1)[w.positions].tobytes()
     assert not use_sparse_kernels(w.shape, w.density) and weight_grad(x, dy, w).tobytes() == dense_bytes
     # LLaMA's transposed use: y = x @ W.T with W [out, in]: dW = dy.T @ x, i.e. weight_grad(dy, x, W)
-    w = _weight((c, r), 0.1)
+    w = sparse_weight((c, r), 0.1)
     assert_allclose(weight_grad(dy, x, w), (_t(dy).T @ _t(x)).numpy().reshape(-1)[w.positions], atol=1e-4)
 
 
 def test_with_values_reuses_the_structure() -> None:
-    w = _weight((40, 48), 0.1)
+    w = sparse_weight((40, 48), 0.1)
     new = np.arange(w.nnz, dtype=np.float32)
     new.flags.writeable = False  # values may arrive read-only (a view of a received buffer)
     w2 = w.with_values(new)
@@ -195,45 +170,3 @@ def test_the_rule() -> None:
     # the documented bounds: density <= 0.15 (break-even measured near 0.18) and 64 Ki entries
     assert use_sparse_kernels((768, 768), 0.15) and not use_sparse_kernels((768, 768), 0.2)
     assert use_sparse_kernels((256, 256), 0.1) and not use_sparse_kernels((255, 256), 0.1)
-
-
-def _digest() -> str:
-    """Every kernel and layout on shapes with several tiles and parts, digested. 1000 rows: four tiles
-    in two parts, so a part split that followed the thread count would change the sums' grouping."""
-    r, c = SPARSE_SHAPE
-    w = _weight(SPARSE_SHAPE, 0.1, seed=7)
-    rng = np.random.default_rng(8)
-    x = rng.standard_normal((1000, r), dtype=np.float32)
-    dy = rng.standard_normal((1000, c), dtype=np.float32)
-    outs = [
-        sparse_matmul(x, w),
-        sparse_matmul(_transposed_copy(x), w),
-        sparse_matmul(dy, w.T),
-        matmul_any(w.T, x.T),
-        sampled_matmul(x, dy, w),
-        sampled_matmul(_transposed_copy(x), _transposed_copy(dy), w),
-        weight_grad(dy, x, _weight((c, r), 0.1, seed=9)),
-    ]
-    h = hashlib.sha256()
-    for o in outs:
-        h.update(np.ascontiguousarray(o).tobytes())
-    return h.hexdigest()
-
-
-def test_bitwise_the_same_across_reruns_and_thread_counts() -> None:
-    assert _digest() == _digest()
-    digests = {n: digest_with_threads("tests.unit.test_sparse_kernels:_digest", n) for n in (1, 2)}
-    assert digests[1] == digests[2] == _digest()
-
-
-def test_import_works_without_a_writable_numba_cache() -> None:
-    """No cache locator usable (a read-only install, no NUMBA_CACHE_DIR): compile in memory, still run."""
-    child = (
-        "import numpy as np; from weightstream.numerics.sparse import SparseWeight, sparse_matmul; "
-        "w = SparseWeight.from_positions((4, 3), np.array([1, 5], np.int64), np.ones(2, np.float32)); "
-        "print(sparse_matmul(np.ones((2, 4), np.float32), w).sum())"
-    )
-    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}  # finds no place to cache
-    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "4.0"

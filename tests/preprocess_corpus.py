@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from weightstream.data.tokenizer import EOS_TOKEN
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 700
 MSL = 64
 EOT_DOC = f"A document may mention {EOS_TOKEN} in its text; that is text, not the end."

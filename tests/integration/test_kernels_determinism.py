@@ -62,7 +62,8 @@ def _llama_digest() -> str:
 def test_step_is_bitwise_the_same_whatever_the_thread_count(family: str) -> None:
     """WEIGHTSTREAM_NUM_THREADS (and BLAS's own pool, set alike as role_env does) change which thread
     computes what, never the bits: every partition is a function of the shapes only."""
-    digest = f"tests.unit.test_kernels_determinism:{'_digest' if family == 'gpt2' else '_llama_digest'}"
+    function = "_digest" if family == "gpt2" else "_llama_digest"
+    digest = f"tests.integration.test_kernels_determinism:{function}"
     digests = {n: digest_with_threads(digest, n) for n in (1, 2, 3)}
     assert len(set(digests.values())) == 1, digests
     assert digest_with_threads(digest, 2) == digests[2]  # and a rerun
