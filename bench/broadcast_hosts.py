@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import EmulatedHosts
+from weightstream.backends.base import RoleSpec, ready_file, role_command
 from weightstream.backends.environment import role_env
 from weightstream.params import load_params
 from weightstream.plan import JobSpec, make_plan
@@ -105,21 +106,9 @@ def broadcast(
     try:
         addrs: dict[str, list[str]] = {"worker": [], "activation": []}
         for kind, host in (("memoryx", hosts["h1"]), ("swarmx", hosts["h2"])):
-            ready, log = run_dir / f"{kind}.ready.json", run_dir / f"{kind}.log"
-            cmd = [
-                sys.executable,
-                "-m",
-                "weightstream.cli",
-                kind,
-                "--host",
-                host.address,
-                "--port",
-                "0",
-                "--ready-file",
-                str(ready),
-                "--token-file",
-                "-",
-            ]
+            role = RoleSpec(kind, 0)
+            ready, log = ready_file(run_dir, role), run_dir / f"{kind}.log"
+            cmd = role_command(role, host.address, ready)
             with open(log, "wb") as out:
                 proc = host.popen(
                     cmd,

@@ -8,13 +8,23 @@ recovery), and stops everything, leaving nothing behind.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Backend", "BackendError", "RoleSpec", "by_kind", "read_ready", "ready_file", "wait_ready_files"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "RoleSpec",
+    "by_kind",
+    "read_ready",
+    "ready_file",
+    "role_command",
+    "wait_ready_files",
+]
 
 
 class BackendError(RuntimeError):
@@ -69,6 +79,17 @@ def ready_file(run_dir: Path, role: RoleSpec) -> Path:
     """Where the process serving ``role`` writes ``{"address", "host", "pid"}`` once it listens (and a
     replacement writes it again)."""
     return run_dir / f"{role.name}.ready.json"
+
+
+def role_command(role: RoleSpec, host: str, ready: Path, *lifeline: str) -> list[str]:
+    """The command that serves ``role``: it listens on ``host`` at a free port, reports it in ``ready``, and
+    reads the job's credential from its standard input (never a command line); ``lifeline`` says how it
+    learns its starter is gone (``--parent-pid PID``, or ``--until-stdin-closes`` where its parent is not
+    the coordinator)."""
+    return [
+        sys.executable, "-m", "weightstream.cli", role.kind, "--host", host, "--port", "0",
+        "--ready-file", str(ready), "--token-file", "-", *lifeline,
+    ]  # fmt: skip
 
 
 def read_ready(run_dir: Path, roles: list[RoleSpec], addresses: dict[RoleSpec, str]) -> None:

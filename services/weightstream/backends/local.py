@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-from weightstream.backends.base import RoleSpec, ready_file, wait_ready_files
+from weightstream.backends.base import RoleSpec, ready_file, role_command, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 
 __all__ = ["LocalProcessBackend", "describe_exit"]
@@ -81,22 +80,7 @@ class LocalProcessBackend:
     def _spawn(self, role: RoleSpec) -> bool:
         """Start ``role``'s process (False: the backend is stopping, nothing was started)."""
         self._ready_file(role).unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "weightstream.cli",
-            role.kind,
-            "--host",
-            self.host,
-            "--port",
-            "0",
-            "--ready-file",
-            str(self._ready_file(role)),
-            "--parent-pid",
-            str(os.getpid()),
-            "--token-file",
-            "-",
-        ]
+        cmd = role_command(role, self.host, self._ready_file(role), "--parent-pid", str(os.getpid()))
         with self._lock, open(self.run_dir / f"{role.name}.log", "ab") as log:
             if self._stopping:
                 return False

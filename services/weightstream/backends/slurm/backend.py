@@ -20,13 +20,12 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec, ready_file, wait_ready_files
+from weightstream.backends.base import BackendError, RoleSpec, ready_file, role_command, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 from weightstream.backends.slurm import commands as slurm
 from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
@@ -236,21 +235,8 @@ class SlurmBackend:
         assert self.job_id is not None
         self._ready_file(role).unlink(missing_ok=True)
         log = self.run_dir / f"{role.name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "weightstream.cli",
-            role.kind,
-            "--host",
-            node.address,
-            "--port",
-            "0",
-            "--ready-file",
-            str(self._ready_file(role).resolve()),
-            "--token-file",
-            "-",
-            "--until-stdin-closes",  # srun forwards this process's pipe: the role ends when it does
-        ]
+        # srun forwards this process's pipe as the role's standard input: the role ends when it closes
+        cmd = role_command(role, node.address, self._ready_file(role).resolve(), "--until-stdin-closes")
         argv = slurm.srun_command(self.job_id, node.name, self._step_name(role), str(log.resolve()), cmd)
         with self._lock, open(log, "ab") as srun_log:
             if self._stopping:
