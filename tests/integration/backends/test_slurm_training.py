@@ -117,8 +117,16 @@ def mid_run(cluster: SlurmCluster, tmp_path: Path) -> Iterator[subprocess.Popen[
     params = tiny_gpt2(tmp_path, steps=STEPS)
     local = weightstream_run(None, params, tmp_path / "local")
     assert local.returncode == 0, local.stderr
-    model_dir = tmp_path / "slurm"
-    run = start_run(cluster, params, model_dir)
+    with running(cluster, params, tmp_path / "slurm") as run:
+        yield run
+
+
+@contextlib.contextmanager
+def running(
+    cluster: SlurmCluster, params: Path, model_dir: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``start_run`` once the job has logged a step; killed on the way out if still running."""
+    run = start_run(cluster, params, model_dir, env)
     try:
         wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
         yield run
@@ -233,9 +241,7 @@ def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     params, model_dir = tiny_gpt2(tmp_path, steps=50), tmp_path / "slurm"
-    run = start_run(slurm_cluster, params, model_dir)
-    try:
-        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
+    with running(slurm_cluster, params, model_dir) as run:
         children = psutil.Process(run.pid).children(recursive=True)  # its sruns and the salloc
         assert any(c.name() == "salloc" for c in children) and any(c.name() == "srun" for c in children)
         run.kill()  # the coordinator itself (nsenter -n execs it)
@@ -248,10 +254,6 @@ def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
         ):
             assert time.monotonic() < deadline, (slurm_jobs(slurm_cluster), host_processes(slurm_cluster))
             time.sleep(0.5)  # Slurm tells no one when it has ended a job: its state is polled
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate(timeout=30)
 
 
 def test_a_killed_coordinator_inside_an_allocation_leaves_no_role_behind(
@@ -264,23 +266,20 @@ def test_a_killed_coordinator_inside_an_allocation_leaves_no_role_behind(
     assert granted is not None, held.stderr
     job = granted[1]
     params, model_dir = tiny_gpt2(tmp_path, steps=STEPS), tmp_path / "slurm"
-    run = start_run(slurm_cluster, params, model_dir, env={"SLURM_JOB_ID": job})
     try:
-        wait_for("a first step", lambda: steps_logged(model_dir) >= 1, run)
-        assert json.loads((model_dir / "logs" / "placement.json").read_text())["slurm_job"] == job
-        sruns = [c for c in psutil.Process(run.pid).children(recursive=True) if c.name() == "srun"]
-        assert sruns and host_processes(slurm_cluster)
-        run.kill()  # the coordinator itself (nsenter -n execs it): no stop, no scancel of its steps
-        run.communicate(timeout=30)
-        deadline = time.monotonic() + 60
-        while host_processes(slurm_cluster) or any(
-            s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in sruns
-        ):
-            assert time.monotonic() < deadline, host_processes(slurm_cluster)
-            time.sleep(0.5)
-        assert slurm_jobs(slurm_cluster) == [f"{job} mine RUNNING"]  # the owner's, to end when they choose
-    finally:
-        if run.poll() is None:
-            run.kill()
+        with running(slurm_cluster, params, model_dir, env={"SLURM_JOB_ID": job}) as run:
+            assert json.loads((model_dir / "logs" / "placement.json").read_text())["slurm_job"] == job
+            sruns = [c for c in psutil.Process(run.pid).children(recursive=True) if c.name() == "srun"]
+            assert sruns and host_processes(slurm_cluster)
+            run.kill()  # the coordinator itself (nsenter -n execs it): no stop, no scancel of its steps
             run.communicate(timeout=30)
+            deadline = time.monotonic() + 60
+            while host_processes(slurm_cluster) or any(
+                s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in sruns
+            ):
+                assert time.monotonic() < deadline, host_processes(slurm_cluster)
+                time.sleep(0.5)
+            # the allocation is the owner's, to end when they choose
+            assert slurm_jobs(slurm_cluster) == [f"{job} mine RUNNING"]
+    finally:
         slurm_cluster.run(["scancel", job], timeout=60, check=True)
