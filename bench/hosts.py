@@ -50,7 +50,7 @@ from testbed.slurm import SlurmCluster
 from weightstream.simulate.calibrate import calibrate, median_steps, read_metrics
 from weightstream.simulate.cluster import Cluster
 from weightstream.simulate.model import predict_one
-from weightstream.simulate.workload import Workload, build_workload
+from weightstream.simulate.workload import Workload
 
 LINK_RATE = "1gbit"
 TARGETS = {"broadcast_link_ratio_1gbit": 0.8, "cross_host_step_ratio": 1.15, "simulate_max_error": 0.15}
@@ -186,8 +186,7 @@ def calibrated(a: argparse.Namespace, work: Path) -> tuple[Cluster, Workload, fl
     progress("calibrating as bench/scaling.py does: unit timings, update, reduce, four N=1 runs")
     m, _ = scaling.measure_n1(a, work)
     job = scaling.params_dict(a, 1, a.seq, a.per_worker_batch, a.steps)
-    rc = scaling.resolved(job).runconfig
-    workload = build_workload(scaling.resolved(job), [1, 2], rc.swarmx_fanout, rc.num_wgt_servers)
+    workload = scaling.workload_of(job, [1, 2])
     cluster = calibrate(m, workload)
     progress("N=2 on this host (shared memory): the baseline")
     local = scaling.measured_run(scaling.params_dict(a, 2, a.seq, a.per_worker_batch, a.steps), work, a)

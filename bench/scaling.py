@@ -55,7 +55,7 @@ from weightstream.simulate.calibrate import Measurements, NullRun, calibrate, me
 from weightstream.simulate.cluster import cerebras_like
 from weightstream.simulate.model import Prediction, predict
 from weightstream.simulate.report import breaks_at, overhead
-from weightstream.simulate.workload import build_workload
+from weightstream.simulate.workload import Workload, build_workload
 from weightstream.training.runner import JobRunner, job_log
 
 NS = [1, 2, 4, 8, 16, 32, 64, 128, 192]
@@ -326,10 +326,15 @@ def resolved(raw: dict[str, Any]) -> Params:
     return load_params({**raw, "runconfig": {**raw["runconfig"], "model_dir": "unused"}})
 
 
+def workload_of(raw: dict[str, Any], ns: list[int]) -> Workload:
+    """The scaling model's workload of ``raw`` at each worker count of ``ns``."""
+    params = resolved(raw)
+    rc = params.runconfig
+    return build_workload(params, ns, rc.swarmx_fanout, rc.num_wgt_servers)
+
+
 def null_run_of(raw: dict[str, Any], run: Run, a: argparse.Namespace) -> NullRun:
-    rc = resolved(raw).runconfig
-    workload = build_workload(resolved(raw), [1], rc.swarmx_fanout, rc.num_wgt_servers)
-    return NullRun(median_steps(run.step_rows(), a.skip), run.cpu_per_step(), workload)
+    return NullRun(median_steps(run.step_rows(), a.skip), run.cpu_per_step(), workload_of(raw, [1]))
 
 
 def measure_n1(a: argparse.Namespace, work: Path) -> tuple[Measurements, dict[str, Run]]:
@@ -381,8 +386,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         work = Path(tmp)
         m, n1 = measure_n1(a, work)
         runs = {1: n1["job"]}
-        rc = resolved(job).runconfig
-        workload = build_workload(resolved(job), NS, rc.swarmx_fanout, rc.num_wgt_servers)
+        workload = workload_of(job, NS)
         cluster = calibrate(m, workload)
         preds = predict(cluster, workload, NS)
         for n in MEASURED_NS[1:]:  # measured to compare only: nothing of these goes into the model
