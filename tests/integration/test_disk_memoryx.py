@@ -26,6 +26,7 @@ def _weights(checkpoint: Path) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow  # two trainings, ~13 s; test_appliance's disk-backed-memoryx mode stays in the default run
 def test_disk_mode_loads_trains_and_writes_bitwise_as_memory_mode(tmp_path: Path) -> None:
     """Memory mode writes checkpoints at steps 2 and 4; disk mode resumed from the step-2 checkpoint
     (loaded tensor by tensor into its files) writes a step-4 checkpoint with the very same bytes."""

@@ -289,7 +289,8 @@ def test_a_restart_that_stop_overtakes_leaves_no_pod_behind(fake: FakeKubernetes
     [
         # kubectl delete --force: the process is killed, the pod gone at once (~11 s: with the slow tests)
         pytest.param(WORKER_1, 0, marks=pytest.mark.slow),
-        (RoleSpec("memoryx", 0), None),  # kubectl delete: SIGTERM, then the pod goes (the shard's state too)
+        # kubectl delete: SIGTERM, then the pod goes (the shard's state too); ~12 s: with the slow tests
+        pytest.param(RoleSpec("memoryx", 0), None, marks=pytest.mark.slow),
     ],
 )
 def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
