@@ -1,14 +1,17 @@
 """What a byte costs the network data plane, against gRPC alone and a plain TCP socket, on loopback.
 
-Roles on separate hosts exchange tensors over gRPC streams (``transport/plane.py``'s ``NetworkPlane``):
-framing, checksums, gRPC's own copies and the kernel's. On a machine whose cores the workers share, that
-CPU comes out of their compute (``bench/hosts.py``'s ``cross_host_step_ratio``). This bench prices one hop
-three ways, each a server process streaming ``--chunks`` x 4 MiB to this process over 127.0.0.1:
-- ``plane``: ``tensor_messages`` of float32 tensors read back with ``read_messages`` (checksums checked),
-  through ``create_server`` and the roles' channel options: the network plane as roles run it;
+Roles on separate hosts exchange tensors on the network plane (``transport/plane.py``'s ``NetworkPlane``):
+a header over gRPC naming a bulk transfer that the reader fetches over TCP (transport/bulk.py), or, for a
+role without a bulk endpoint, every byte inline in the gRPC stream. On a machine whose cores the workers
+share, what a byte costs comes out of their compute (``bench/hosts.py``'s ``cross_host_step_ratio``). This
+bench prices one hop four ways, each a server process sending ``--chunks`` x 4 MiB of float32 tensors to
+this process over 127.0.0.1:
+- ``plane``: the network plane as roles run it: ``NetworkPlane.stream`` read back with
+  ``NetworkPlane.read`` (a bulk transfer; checksums checked), both ends with a bulk endpoint, through
+  ``create_server`` and the roles' channel options;
+- ``inline``: the same with every byte inline over gRPC (``tensor_messages`` into ``read_messages``);
 - ``grpc``: the same bytes as plain gRPC messages, nothing assembled or checked: gRPC's share;
-- ``socket``: the same bytes over a TCP socket, ``sendall`` into ``recv_into`` a preallocated buffer:
-  what a bulk channel beside gRPC would pay.
+- ``socket``: the same bytes over a TCP socket, ``sendall`` into ``recv_into`` a preallocated buffer.
 
 Per byte, from each process's CPU clock (both ends together), and the hop's bytes per second; the median
 of ``--rounds``. Ratios against ``plane`` are from the same run. Prints one JSON line.
@@ -36,6 +39,9 @@ import grpc
 import numpy as np
 from machine import record  # bench/machine.py: the machine, date, command and commit
 
+from weightstream.transport import bulk
+from weightstream.transport.auth import new_role_token
+from weightstream.transport.plane import NetworkPlane
 from weightstream.transport.rpc import OPTIONS, create_server
 from weightstream.transport.tensors import CHUNK_BYTES, read_messages, tensor_messages
 
@@ -54,14 +60,20 @@ def _tensors(chunks: int) -> list[tuple[str, np.ndarray]]:
     return [(f"t{i}", rng.standard_normal(n, dtype=np.float32)) for i in range(chunks)]
 
 
-def _serve(chunks: int, ports: Any) -> None:
-    """The sending end: a gRPC server (plane and grpc) and a TCP listener (socket), until killed."""
+def _serve(chunks: int, token: str, ports: Any) -> None:
+    """The sending end: a gRPC server (plane, inline, grpc), its bulk endpoint, and a TCP listener
+    (socket), until killed."""
     tensors = _tensors(chunks)
     raw = [t.tobytes() for _, t in tensors]
+    bulk.start("127.0.0.1", token)
+    plane = NetworkPlane()
 
     def register(server: grpc.Server) -> None:
         handlers = {
             "Plane": grpc.unary_stream_rpc_method_handler(
+                lambda _req, _ctx: plane.stream(tensors, bf16=False), _identity, _identity
+            ),
+            "Inline": grpc.unary_stream_rpc_method_handler(
                 lambda _req, _ctx: tensor_messages(tensors), _identity, _identity
             ),
             "Grpc": grpc.unary_stream_rpc_method_handler(lambda _req, _ctx: iter(raw), _identity, _identity),
@@ -112,17 +124,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     ports = ctx.Queue()
-    server = ctx.Process(target=_serve, args=(a.chunks, ports), daemon=True)
+    token = new_role_token()
+    bulk.start("127.0.0.1", token)  # this end fetches through it
+    server = ctx.Process(target=_serve, args=(a.chunks, token, ports), daemon=True)
     server.start()
     try:
         grpc_port, sock_port = ports.get(timeout=60)
         total = a.chunks * CHUNK_BYTES
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=OPTIONS)
         plane_call = channel.unary_stream(SERVICE + "Plane", _identity, _identity)
+        inline_call = channel.unary_stream(SERVICE + "Inline", _identity, _identity)
         grpc_call = channel.unary_stream(SERVICE + "Grpc", _identity, _identity)
+        reader = NetworkPlane()
 
         def plane() -> int:
-            _, out = read_messages(plane_call(b""))
+            _, out = reader.read(plane_call(b""), peer="127.0.0.1")
+            return sum(t.nbytes for t in out.values())
+
+        def inline() -> int:
+            _, out = read_messages(inline_call(b""))
             return sum(t.nbytes for t in out.values())
 
         def plain_grpc() -> int:
@@ -144,9 +164,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = {
             "config": {"chunks": a.chunks, "chunk_bytes": CHUNK_BYTES, "rounds": a.rounds}
         }
-        for name, receive in (("plane", plane), ("grpc", plain_grpc), ("socket", plain_socket)):
+        ways = (("plane", plane), ("inline", inline), ("grpc", plain_grpc), ("socket", plain_socket))
+        for name, receive in ways:
             result[name] = measure(server.pid, receive, a.rounds)  # type: ignore[arg-type]  # pid set: started
         base = result["plane"]["cpu_ns_per_byte"]
+        result["inline_over_plane_cpu"] = round(result["inline"]["cpu_ns_per_byte"] / base, 3)
         result["grpc_over_plane_cpu"] = round(result["grpc"]["cpu_ns_per_byte"] / base, 3)
         result["socket_over_plane_cpu"] = round(result["socket"]["cpu_ns_per_byte"] / base, 3)
         conn.close()
@@ -154,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         server.kill()
         server.join(timeout=10)
+        bulk.stop()
     print(json.dumps(record("plane_bytes", result)), flush=True)
     return result
 

@@ -49,5 +49,8 @@ class DirectContext:
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return [(PLANE_METADATA, self.plane)]  # generation 0
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"  # a caller in this process
+
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise RuntimeError(f"{code.name}: {details}")

@@ -33,6 +33,7 @@ from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.storage_io import write_text_durably
+from weightstream.transport import bulk
 from weightstream.transport.auth import RoleAuthInterceptor, has_credential
 from weightstream.transport.fencing import StaleGenerationError, check_generation, generation_of
 from weightstream.transport.peers import MemfdProbe
@@ -196,12 +197,18 @@ def serve_role(
     lifeline: bool = False,
     reconfigure: Reconfigure | None = None,
     exit_deadline_s: float = EXIT_DEADLINE_S,
+    bulk_port: int | None = 0,
 ) -> None:
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
     ``token`` is the job's role credential, required on every call but Health; ``lifeline``: stop when
     standard input closes (the coordinator holds it open while it lives); ``exit_deadline_s``: how
-    long the process may take to exit once told to stop before it ends itself."""
+    long the process may take to exit once told to stop before it ends itself; ``bulk_port``: the port
+    of its bulk transfers on ``host`` (transport/bulk.py; 0 picks a free one; None: none, every byte of
+    the network plane goes over gRPC)."""
     role = RoleHost(kind, build, token, reconfigure, MemfdProbe(job_tag(token)))
+    if bulk_port is not None:
+        end = bulk.start(host, token, bulk_port)
+        log.info("%s bulk transfers on %s:%d", kind, host, end.port)
 
     def register(server: grpc.Server) -> None:
         rpc.add_ControlServicer_to_server(ControlServicer(role), server)
@@ -229,6 +236,10 @@ def serve_role(
         log.info("stopping on %s", signal.Signals(told[0]).name)
     _exit_by(exit_deadline_s)
     server.stop(grace=1.0).wait(timeout=5)
+    end = bulk.endpoint()
+    if end is not None:
+        log.info("%s", end.summary())
+    bulk.stop()
     role.close()
     time.sleep(0.05)
     if told:

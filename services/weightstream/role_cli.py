@@ -63,6 +63,15 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
                 help="exit when standard input closes (its starter holds it open while it lives)",
             ),
         ] = False,
+        bulk_port: Annotated[
+            int,
+            typer.Option(
+                help="port of its bulk transfers on the same interface (the network plane's tensor bytes);"
+                " 0 picks a free one, -1 sends every byte over gRPC instead",
+                min=-1,
+                max=65535,
+            ),
+        ] = 0,
         token_file: Annotated[
             str,
             typer.Option(
@@ -101,6 +110,7 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             token=token,
             lifeline=until_stdin_closes,
             reconfigure=role.reconfigure,
+            bulk_port=None if bulk_port < 0 else bulk_port,
         )
 
     article = "an" if what[0].lower() in "aeiou" else "a"

@@ -40,14 +40,18 @@ class TensorHeader(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., xxh3: _Optional[int] = ..., shm_pid: _Optional[int] = ..., shm_fd: _Optional[int] = ...) -> None: ...
 
 class TensorSetHeader(_message.Message):
-    __slots__ = ("head", "tensors", "total_bytes")
+    __slots__ = ("head", "tensors", "total_bytes", "bulk_id", "bulk_port")
     HEAD_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BULK_ID_FIELD_NUMBER: _ClassVar[int]
+    BULK_PORT_FIELD_NUMBER: _ClassVar[int]
     head: StreamHead
     tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
     total_bytes: int
-    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    bulk_id: bytes
+    bulk_port: int
+    def __init__(self, head: _Optional[_Union[StreamHead, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., bulk_id: _Optional[bytes] = ..., bulk_port: _Optional[int] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("raw",)

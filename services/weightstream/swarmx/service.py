@@ -14,8 +14,16 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost, shm_tag
 from weightstream.swarmx.node import SwarmNodeLogic, Tensors
+from weightstream.transport.bulk import host_of_address
 from weightstream.transport.peers import plane_for_peer
-from weightstream.transport.plane import SHARED_MEMORY, DataPlane, SharedMemoryPlane, inline, plane_of_call
+from weightstream.transport.plane import (
+    SHARED_MEMORY,
+    DataPlane,
+    SharedMemoryPlane,
+    inline,
+    plane_of_call,
+    relay,
+)
 from weightstream.transport.rpc import (
     abort_on_error,
     add_service,
@@ -49,9 +57,12 @@ class MemoryXUpstream:
         token: str,
         generation: int,
         planes: list[DataPlane],
+        readers: int = 1,
     ) -> None:
-        """``planes``: the data plane to each shard (transport/peers.py)."""
+        """``planes``: the data plane to each shard (transport/peers.py); ``readers``: this node's
+        children, who each read every unit it fetches."""
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
+        self.readers = readers
         self.addresses, self.planes = addresses, planes
         channels = [
             open_channel(a, token, generation, p.kind) for a, p in zip(addresses, planes, strict=True)
@@ -88,7 +99,8 @@ class MemoryXUpstream:
         peer = f"memoryx-{shard} ({self.addresses[shard]})"
         request = pb.TensorRequest(step=step, names=shard_names)
         it = call(peer, "GetTensors", self.get_tensors[shard], request, timeout=self.timeout_s)
-        return stream(peer, "GetTensors", it)
+        # bulk transfers come on as this node's own, served to the children while they arrive
+        return relay(stream(peer, "GetTensors", it), host_of_address(self.addresses[shard]), self.readers)
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         def push(shard: int, shard_names: list[str]) -> None:
@@ -171,8 +183,11 @@ class ParentUpstream:
         token: str,
         generation: int,
         plane: DataPlane,
+        readers: int = 1,
     ) -> None:
+        """``readers``: this node's children, who each read every unit it fetches."""
         self.plane = self.reader = plane
+        self.address, self.readers = address, readers
         self.shares_memory = plane.kind == SHARED_MEMORY
         channel = open_channel(address, token, generation, plane.kind)
         self.get_unit = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
@@ -182,7 +197,7 @@ class ParentUpstream:
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterator[bytes]:
         request = pb.UnitRequest(step=step, unit=unit, phase=pass_)
         it = call(self.peer, "GetUnit", self.get_unit, request, timeout=self.timeout_s)
-        return stream(self.peer, "GetUnit", it)
+        return relay(stream(self.peer, "GetUnit", it), host_of_address(self.address), self.readers)
 
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
         head = pb.StreamHead(step=step, unit=unit, sender=self.slot)
@@ -233,6 +248,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
                 plane_for_peer(f"memoryx-{i}", a, job.credential, tag, lambda: plane(kept))
                 for i, a in enumerate(addresses)
             ],
+            len(node.children),
         )
     else:  # its parent sums what it receives into memory of its own: kept memfds would be extra memory
         address, name = job.addresses["swarmx"][node.parent], f"swarmx-{node.parent}"
@@ -245,6 +261,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
             job.credential,
             job.generation,
             plane_for_peer(name, address, job.credential, tag, lambda: plane(0)),
+            len(node.children),
         )
     # children that share this node's memory push to it in memfds: read with a plane of its own if no
     # upstream shares it too

@@ -1,6 +1,8 @@
 """The data plane: how tensor streams travel between two roles, one implementation per way.
 
-Two ways, one interface. ``NetworkPlane``: every byte goes over the gRPC stream (transport/tensors.py).
+Two ways, one interface. ``NetworkPlane``: every byte goes over the network: the header over gRPC and
+the payload as a bulk transfer the reader fetches over TCP (transport/bulk.py), or inline in the gRPC
+stream where a role has no bulk endpoint (transport/tensors.py).
 ``SharedMemoryPlane``: the bytes stay in memfds and only the header goes over gRPC (transport/shm.py);
 it works only between roles that can map each other's memfds. Which one a pair of roles uses is chosen
 once, when the role that calls the other is built (transport/peers.py), and the caller says so on every
@@ -17,9 +19,20 @@ from typing import Any
 import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.transport import bulk
+from weightstream.transport.errors import ProtocolError
 from weightstream.transport.shm import REFERENCES_ONLY, KeptScratch, SharedArena
 from weightstream.transport.shm_cache import MappingCache
-from weightstream.transport.tensors import NamedTensor, names_shared_memory, read_messages, tensor_messages
+from weightstream.transport.tensors import (
+    Fetch,
+    NamedTensor,
+    bulk_header,
+    header_message,
+    inline_segment,
+    names_shared_memory,
+    read_messages,
+    tensor_messages,
+)
 
 __all__ = [
     "NETWORK",
@@ -30,12 +43,46 @@ __all__ = [
     "SharedMemoryPlane",
     "inline",
     "plane_of_call",
+    "relay",
 ]
 
 NETWORK, SHARED_MEMORY = "network", "shared_memory"
 PLANE_METADATA = "x-weightstream-plane"  # the plane the caller chose for this pair: NETWORK or SHARED_MEMORY
 
 Tensors = dict[str, np.ndarray]
+Read = tuple[pb.StreamHead | None, Tensors]  # what reading a stream gives: its head (or None) and tensors
+STALL_S = 60.0  # a bulk fetch that receives nothing for this long fails (the sender is gone)
+
+
+def _fetch_from(peer: str | None) -> Fetch | None:
+    """How to fetch bulk transfers from the role on host ``peer`` (None where unknown or this process has
+    no bulk endpoint: a stream naming one is then refused)."""
+    end = bulk.endpoint()
+    if peer is None or end is None:
+        return None
+
+    def fetch(port: int, key: bytes, out: memoryview) -> None:
+        end.fetcher.fetch(peer, port, key, out, STALL_S)
+
+    return fetch
+
+
+def _park(readers: int, kept: list[bytes] | None = None) -> Callable[[list[memoryview]], Any] | None:
+    """Parks payloads in this process's outbox for ``readers`` fetches (their ids appended to ``kept``, for
+    the sender to let go), None where this process has no bulk endpoint."""
+    end = bulk.endpoint()
+    if end is None:
+        return None
+
+    def park(parts: list[memoryview]) -> tuple[int, bytes] | None:
+        key = end.outbox.offer(parts, readers)
+        if key is None:
+            return None
+        if kept is not None:
+            kept.append(key)
+        return end.port, key
+
+    return park
 
 
 class DataPlane(ABC):
@@ -65,15 +112,17 @@ class DataPlane(ABC):
         (default ``head.unit``), kept from call to call where the plane keeps any."""
 
     @abstractmethod
-    def read(self, messages: Iterable[bytes]) -> tuple[pb.StreamHead | None, Tensors]:
-        """(head or None, {name: array}) of a stream, every checksum checked."""
+    def read(self, messages: Iterable[bytes], peer: str | None = None) -> Read:
+        """(head or None, {name: array}) of a stream, every checksum checked. ``peer``: the host the stream
+        came from, where its bulk transfers are fetched (transport/bulk.py)."""
 
     def close(self) -> None:  # noqa: B027 - a plane with nothing to let go of needs no override
         """Let go of whatever the plane holds (memfds, mappings)."""
 
 
 class NetworkPlane(DataPlane):
-    """Every byte over the gRPC stream: works between any two roles that can reach each other.
+    """Every byte over the network: works between any two roles that can reach each other. The payload is
+    a bulk transfer where this process has a bulk endpoint (transport/bulk.py), else inline over gRPC.
 
     A stream that names shared memory is refused when read: a peer on this plane cannot map it."""
 
@@ -82,7 +131,8 @@ class NetworkPlane(DataPlane):
     def stream(
         self, tensors: Iterable[NamedTensor], *, bf16: bool, checksums: Mapping[str, int] | None = None
     ) -> Iterator[bytes]:
-        return tensor_messages(tensors, bf16=bf16, checksums=checksums)
+        # parked for its one reader; let go once fetched, or after bulk.TTL_S where the reader is gone
+        return tensor_messages(tensors, bf16=bf16, checksums=checksums, park=_park(1))
 
     def push(
         self,
@@ -93,10 +143,17 @@ class NetworkPlane(DataPlane):
         bf16: bool,
         key: object = None,
     ) -> None:
-        send(tensor_messages(tensors, head, bf16))
+        parked: list[bytes] = []
+        try:
+            send(tensor_messages(tensors, head, bf16, park=_park(1, parked)))
+        finally:  # the call has returned: its receiver has fetched the payload, or never will
+            end = bulk.endpoint()
+            for key_ in parked:
+                if end is not None:
+                    end.outbox.release(key_)
 
-    def read(self, messages: Iterable[bytes]) -> tuple[pb.StreamHead | None, Tensors]:
-        return read_messages(messages)
+    def read(self, messages: Iterable[bytes], peer: str | None = None) -> Read:
+        return read_messages(messages, fetch=_fetch_from(peer))
 
 
 _NETWORK = NetworkPlane()  # holds nothing: one serves every call that arrives on the network
@@ -153,8 +210,8 @@ class SharedMemoryPlane(DataPlane):
         with scratch as shm:
             send(tensor_messages(tensors, head, bf16, shm=shm))
 
-    def read(self, messages: Iterable[bytes]) -> tuple[pb.StreamHead | None, Tensors]:
-        return read_messages(messages, self.tag, self.maps)
+    def read(self, messages: Iterable[bytes], peer: str | None = None) -> Read:
+        return read_messages(messages, self.tag, self.maps, _fetch_from(peer))
 
     def close(self) -> None:
         if self.kept is not None:
@@ -178,6 +235,34 @@ def inline(messages: Iterable[bytes], reader: DataPlane, bf16: bool) -> Iterator
     for message in messages:
         if names_shared_memory(message):
             head, tensors = reader.read((message,))
-            yield from tensor_messages(tensors.items(), head, bf16)
+            yield from tensor_messages(tensors.items(), head, bf16, park=_park(1))
         else:
             yield message
+
+
+def relay(messages: Iterable[bytes], peer: str, readers: int) -> Iterator[bytes]:
+    """A stream from the role on host ``peer`` passed on to ``readers`` readers, each message as soon as it
+    came (a SwarmX node's weights, to its children). A segment whose payload is a bulk transfer goes on as a
+    header naming a transfer of this role's, served to the readers while it arrives from ``peer``
+    (cut-through); without a bulk endpoint here, inline once it has all arrived. Checks nothing: the
+    readers check every tensor, end to end."""
+    end = bulk.endpoint()
+    for message in messages:
+        header = bulk_header(message)
+        if header is None:
+            yield message
+            continue
+        if end is None:
+            raise ProtocolError("the stream names a bulk transfer, which this relay cannot fetch")
+        parked = end.outbox.filling(header.total_bytes, readers)
+        if parked is None:  # outbox full: this segment inline, once it has all arrived
+            payload = np.empty(header.total_bytes, dtype=np.uint8)
+            end.fetcher.fetch(peer, header.bulk_port, header.bulk_id, memoryview(payload), STALL_S)
+            yield from inline_segment(header, payload)
+            continue
+        key, filling = parked
+        own = pb.TensorSetHeader()
+        own.CopyFrom(header)
+        own.bulk_port, own.bulk_id = end.port, key
+        yield header_message(own)
+        end.fetcher.fill(peer, header.bulk_port, header.bulk_id, filling, STALL_S)

@@ -13,6 +13,7 @@ import numpy as np
 
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.auth import TokenMetadata
+from weightstream.transport.bulk import host_of_peer
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError, RoleClosedError
 from weightstream.transport.fencing import GENERATION_METADATA, StaleGenerationError
 from weightstream.transport.plane import NETWORK, PLANE_METADATA, DataPlane
@@ -168,7 +169,7 @@ def receive_tensors(
     hand both to ``handle``, and map any error to a status code. ``plane``: the data plane the call came
     on (``transport.plane.plane_of_call``)."""
     try:
-        head, tensors = plane.read(messages)
+        head, tensors = plane.read(messages, peer=host_of_peer(context.peer()))
         if head is None:
             raise ValueError("a tensor stream pushed to a role must open with a StreamHead")
         handle(head, tensors)

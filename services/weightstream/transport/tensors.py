@@ -15,7 +15,7 @@ and any other is copied once into a memfd; only the header goes over gRPC.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -28,13 +28,17 @@ from weightstream.transport.shm_cache import MappingCache
 
 __all__ = [
     "CHUNK_BYTES",
+    "Fetch",
     "NamedTensor",
+    "Park",
     "Scratch",
     "as_bf16",
     "bf16_to_f32",
+    "bulk_header",
     "checksum",
     "f32_to_bf16",
     "header_message",
+    "inline_segment",
     "names_shared_memory",
     "read_messages",
     "references_only",
@@ -56,6 +60,13 @@ _DTYPES = {
     "uint16": np.uint16,
     "uint8": np.uint8,
 }
+
+
+# A bulk transfer (transport/bulk.py). ``Park``: parks a payload's pieces with the sender's outbox and gives
+# (the sender's bulk port, the transfer's id), or None where it cannot (then the bytes go inline).
+# ``Fetch``: fetches transfer (port, id) from the stream's sender into a buffer of exactly its size.
+Park = Callable[[list[memoryview]], "tuple[int, bytes] | None"]
+Fetch = Callable[[int, bytes, memoryview], None]
 
 
 class Scratch(Protocol):
@@ -106,11 +117,14 @@ def tensor_messages(
     bf16: bool = False,
     checksums: Mapping[str, int] | None = None,
     shm: Scratch | None = None,
+    park: Park | None = None,
 ) -> Iterator[bytes]:
     """One segment holding ``tensors``, as gRPC messages. With ``bf16``, float32 travels as bfloat16.
     ``checksums`` may give known checksums of float32 tensors sent as they are (MemoryX caches them).
     With ``shm`` the bytes stay in shared memory: each tensor by reference if it already lies in a memfd,
-    else copied into one scratch memfd from ``shm``; the message is the header alone."""
+    else copied into one scratch memfd from ``shm``; the message is the header alone. With ``park`` the
+    payload is parked as it lies for its reader to fetch (a bulk transfer) and the message is the header
+    alone, naming the transfer; inline where ``park`` declines."""
     header = pb.TensorSetHeader(head=head)
     wires: list[tuple[str, tuple[int, ...], np.ndarray, str]] = []  # name, shape, bytes, wire dtype
     for name, arr in tensors:
@@ -140,6 +154,11 @@ def tensor_messages(
         views.append(memoryview(view))
         offset += view.nbytes + _pad(view.nbytes)
     header.total_bytes = offset
+    parked = park(_pieces(views)) if park is not None and offset else None
+    if parked is not None:
+        header.bulk_port, header.bulk_id = parked
+        yield header_message(header)
+        return
     head_bytes = header.SerializeToString()
     first = True
     for parts in _payload_chunks(views):
@@ -178,6 +197,16 @@ def _in_shared_memory(
     return out
 
 
+def _pieces(views: list[memoryview]) -> list[memoryview]:
+    """The payload as it lies: each tensor followed by its padding."""
+    out = []
+    for view in views:
+        out.append(view)
+        if _pad(view.nbytes):
+            out.append(memoryview(bytes(_pad(view.nbytes))))
+    return out
+
+
 def _payload_chunks(views: list[memoryview]) -> Iterator[list[memoryview | bytes]]:
     """The payload (tensors back to back, each padded to the alignment) as pieces of CHUNK_BYTES."""
     parts: list[memoryview | bytes] = []
@@ -203,12 +232,18 @@ class _Segment:
         shm_tag: str | None,
         maps: dict[tuple[int, int], np.ndarray],
         cache: MappingCache | None,
+        fetch: Fetch | None,
     ) -> None:
         self.header, self.shm_tag, self.maps, self.cache = header, shm_tag, maps, cache
         raw = np.empty(header.total_bytes + _ALIGN, dtype=np.uint8)
         start = -raw.ctypes.data % _ALIGN
         self.buf = raw[start : start + header.total_bytes]  # aligned, so every tensor's view is too
         self.filled = 0
+        if header.bulk_id:
+            if fetch is None:
+                raise ProtocolError("the stream names a bulk transfer, which this reader cannot fetch")
+            fetch(header.bulk_port, header.bulk_id, memoryview(self.buf))
+            self.filled = header.total_bytes
 
     def add(self, data: memoryview) -> None:
         n = len(data)
@@ -246,12 +281,16 @@ class _Segment:
 
 
 def read_messages(
-    messages: Iterable[bytes], shm_tag: str | None = None, cache: MappingCache | None = None
+    messages: Iterable[bytes],
+    shm_tag: str | None = None,
+    cache: MappingCache | None = None,
+    fetch: Fetch | None = None,
 ) -> tuple[pb.StreamHead | None, dict[str, np.ndarray]]:
     """Assemble a tensor stream (one or more segments) into (head or None, {name: array}), checking
     every checksum. Arrays are views into one aligned buffer per segment, or with ``shm_tag`` (this job's
     memfd tag: the receiver is on the shared-memory plane) read-only views of the senders' memfds, mapped
-    through ``cache`` where given (mappings kept from call to call: ``MappingCache``)."""
+    through ``cache`` where given (mappings kept from call to call: ``MappingCache``). ``fetch`` fetches
+    the segments whose payload is a bulk transfer (None: such a stream is refused)."""
     head: pb.StreamHead | None = None
     out: dict[str, np.ndarray] = {}
     seg: _Segment | None = None
@@ -267,7 +306,7 @@ def read_messages(
             header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
             if head is None and header.HasField("head"):
                 head = header.head
-            seg = _Segment(header, shm_tag, maps, cache)
+            seg = _Segment(header, shm_tag, maps, cache, fetch)
         elif seg is None:
             raise ProtocolError("payload before any header")
         seg.add(view[_LEN.size + n :])
@@ -308,6 +347,35 @@ def names_shared_memory(message: bytes) -> bool:
         return False
     header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
     return any(t.shm_pid for t in header.tensors)
+
+
+def bulk_header(message: bytes) -> pb.TensorSetHeader | None:
+    """The header of a segment whose payload is a bulk transfer, where ``message`` opens one; else None."""
+    view = memoryview(message)
+    if len(view) < _LEN.size:
+        raise ProtocolError("truncated message")
+    (n,) = _LEN.unpack_from(view)
+    if n == 0:
+        return None
+    header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
+    return header if header.bulk_id else None
+
+
+def inline_segment(header: pb.TensorSetHeader, payload: np.ndarray) -> Iterator[bytes]:
+    """The segment ``header`` names with its ``payload`` (every byte, padding included) inline: the
+    messages of a stream on gRPC alone."""
+    own = pb.TensorSetHeader()
+    own.CopyFrom(header)
+    own.ClearField("bulk_id")
+    own.ClearField("bulk_port")
+    head_bytes = own.SerializeToString()
+    first = True
+    for parts in _payload_chunks([memoryview(payload).cast("B")]):
+        prefix = [_LEN.pack(len(head_bytes)), head_bytes] if first else [_LEN.pack(0)]
+        yield b"".join([*prefix, *parts])
+        first = False
+    if first:
+        yield _LEN.pack(len(head_bytes)) + head_bytes
 
 
 def header_message(header: pb.TensorSetHeader) -> bytes:

@@ -16,6 +16,7 @@ from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost, shm_tag
+from weightstream.transport.bulk import host_of_address
 from weightstream.transport.peers import plane_for_peer
 from weightstream.transport.plane import DataPlane, NetworkPlane, SharedMemoryPlane
 from weightstream.transport.rpc import (
@@ -61,13 +62,14 @@ class SwarmParent:
         self._get = tensors_out_client(channel, "SwarmX", "GetUnit", pb.UnitRequest)
         self._push = tensors_in_client(channel, "SwarmX", "PushGradients", pb.Ack)
         self.peer, self.slot, self.timeout_s, self.bf16 = f"{name} ({address})", slot, timeout_s, bf16
+        self.host = host_of_address(address)  # where the node's bulk transfers are fetched
         self.wire_bytes = 0  # tensor bytes received and sent so far, as they travel (bf16: 2 per value)
         self._count = threading.Lock()  # the prefetch and push threads both count
 
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         req = pb.UnitRequest(step=step, unit=unit, phase=phase)
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
-        tensors = self.plane.read(stream(self.peer, "GetUnit", it))[1]
+        tensors = self.plane.read(stream(self.peer, "GetUnit", it), peer=self.host)[1]
         self._counted(tensors.values())
         return self.assemble(tensors) if self.assemble is not None else tensors
 

@@ -53,6 +53,15 @@ def assert_placed_where_it_ran(cluster: SlurmCluster, logs: Path) -> dict[str, s
     return placed
 
 
+def bulk_figures(log: Path) -> dict[str, int]:
+    """What a role's log says went through its bulk endpoint (its last line of them)."""
+    said = re.findall(
+        r"bulk transfers: served (\d+) \((\d+) bytes\), fetched (\d+) \((\d+) bytes\)", log.read_text()
+    )
+    assert said, f"{log.name} says nothing of bulk transfers"
+    return dict(zip(("served", "served_bytes", "fetched", "fetched_bytes"), map(int, said[-1]), strict=True))
+
+
 def test_gpt2_on_two_csx_across_hosts_is_bitwise_the_one_host_run(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -67,6 +76,14 @@ def test_gpt2_on_two_csx_across_hosts_is_bitwise_the_one_host_run(
     servers = {placed[r] for r in ("memoryx-0", "memoryx-1", "swarmx-0")}
     assert servers.isdisjoint({placed["worker-0"], placed["worker-1"]})
     assert len(set(placed.values())) >= 3
+    # between hosts the weights and gradients went as bulk transfers, beside gRPC
+    bulk = {r: bulk_figures(tmp_path / "slurm" / "logs" / f"{r}.log") for r in placed}
+    for w in ("worker-0", "worker-1"):  # weights in, gradients out, on every step
+        assert bulk[w]["fetched"] >= 2 * 4 and bulk[w]["served"] >= 4, (w, bulk[w])
+    for what in ("", "_bytes"):  # every transfer served was fetched by a role of the job, whole
+        assert sum(b[f"served{what}"] for b in bulk.values()) == sum(
+            b[f"fetched{what}"] for b in bulk.values()
+        )
     final = checkpoint_bytes(tmp_path / "slurm", 4)
     assert final == checkpoint_bytes(tmp_path / "local", 4)
     assert slurm_jobs(slurm_cluster) == [] and host_processes(slurm_cluster) == {}

@@ -1,5 +1,6 @@
 """The data plane across emulated hosts: a role on one host cannot map another host's memory, so the pair
-picks the network and the tensor bytes really cross the link; two roles on one host pick shared memory and
+picks the network and the tensor bytes really cross the link (as a bulk transfer where the roles have bulk
+endpoints, as roles run, else inline in the gRPC stream); two roles on one host pick shared memory and
 nothing crosses it. Built from the real transport code: a role's Control service with its probe and a push
 service reading on the plane its caller chose, and a caller choosing as a role does when it is built."""
 
@@ -21,11 +22,12 @@ TIMEOUT = 60  # seconds for the caller to choose and push (well under two when t
 TOKEN = "d" * 64  # the pair's role credential, handed over stdin as roles get theirs from a file
 NBYTES = 4 << 20  # the tensor pushed: 1 Mi float32
 
-# A receiving role on its host's own address: reads the credential from stdin, prints its port, then one
-# JSON line per push: the plane the caller chose, the bytes that came over the gRPC stream, the checksum of
-# the tensor as received.
+# A receiving role on its host's own address (with a bulk endpoint there if argv[1] says "bulk"): reads
+# the credential from stdin, prints its port, then one JSON line per push: the plane the caller chose, the
+# bytes that came over the gRPC stream, the checksum of the tensor as received.
 RECEIVER = """
 import json, socket, sys
+from weightstream.transport import bulk
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import ControlServicer, RoleHost
 from weightstream.transport.auth import RoleAuthInterceptor
@@ -57,16 +59,20 @@ def register(server):
     add_service(server, "MemoryX", tensor_push("PushGradients", push, pb.Ack))
 
 address = socket.gethostbyname(socket.gethostname())
+if sys.argv[1] == "bulk":
+    bulk.start(address, token)
 server, port = create_server(f"{address}:0", register, interceptors=[RoleAuthInterceptor(token)])
 print(port, flush=True)
 sys.stdin.read()
 """
 
 # A calling role: reads the credential from stdin, chooses the plane to argv[1] as a role does when it is
-# built, pushes a tensor of argv[2] bytes on it, and prints what it saw: its plane, whether it can map the
-# peer's probe memfd, both host identities, the tensor's checksum, and the bytes its link (eth0) sent.
+# built, pushes a tensor of argv[2] bytes on it (with a bulk endpoint on its host's address if argv[3] says
+# "bulk"), and prints what it saw: its plane, whether it can map the peer's probe memfd, both host
+# identities, the tensor's checksum, and the bytes its link (eth0) sent.
 CALLER = """
-import json, sys
+import json, socket, sys
+from weightstream.transport import bulk
 import numpy as np
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport.peers import ask_peer, can_map, host_identity, plane_for_peer
@@ -81,8 +87,10 @@ def link_sent():
         if name.strip() == "eth0":
             return int(counters.split()[8])
 
-token, (address, nbytes) = sys.stdin.readline().strip(), sys.argv[1:]
+token, (address, nbytes, way) = sys.stdin.readline().strip(), sys.argv[1:]
 tag = job_tag(token)
+if way == "bulk":
+    bulk.start(socket.gethostbyname(socket.gethostname()), token)
 peer = ask_peer(address, token)
 plane = plane_for_peer("receiver", address, token, tag, lambda: SharedMemoryPlane(tag))
 w = np.random.default_rng(7).standard_normal(int(nbytes) // 4).astype(np.float32)
@@ -95,10 +103,11 @@ print(json.dumps({"plane": plane.kind, "maps": can_map(peer.probe_pid, peer.prob
 """
 
 
-def _push(receiver_host: Host, caller_host: Host) -> tuple[dict, dict]:
-    """(what the caller saw, what the receiver saw) of one push from ``caller_host`` to ``receiver_host``."""
+def _push(receiver_host: Host, caller_host: Host, way: str) -> tuple[dict, dict]:
+    """(what the caller saw, what the receiver saw) of one push from ``caller_host`` to ``receiver_host``,
+    both with bulk endpoints or neither (``way``: "bulk" or "inline")."""
     receiver = receiver_host.popen(
-        [sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", RECEIVER, way], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert receiver.stdin is not None and receiver.stdout is not None
@@ -107,7 +116,7 @@ def _push(receiver_host: Host, caller_host: Host) -> tuple[dict, dict]:
         port = receiver.stdout.readline().strip()
         assert port.isdigit(), "the receiver did not start"
         done = caller_host.run(
-            [sys.executable, "-c", CALLER, f"{receiver_host.name}:{port}", str(NBYTES)],
+            [sys.executable, "-c", CALLER, f"{receiver_host.name}:{port}", str(NBYTES), way],
             input=TOKEN + "\n",
             capture_output=True,
             text=True,
@@ -119,20 +128,26 @@ def _push(receiver_host: Host, caller_host: Host) -> tuple[dict, dict]:
         receiver_host.stop(receiver)
 
 
-def test_roles_on_two_hosts_cannot_share_memory_and_their_bytes_cross_the_link(emulated_hosts: Make) -> None:
+@pytest.mark.parametrize("way", ["bulk", "inline"])
+def test_roles_on_two_hosts_cannot_share_memory_and_their_bytes_cross_the_link(
+    emulated_hosts: Make, way: str
+) -> None:
     cluster = emulated_hosts(2)
-    caller, received = _push(cluster["h2"], cluster["h1"])
+    caller, received = _push(cluster["h2"], cluster["h1"], way)
     assert caller["mine"] != caller["peer"] and caller["peer"].startswith("h2/")
     assert caller["maps"] is False  # h1 cannot map h2's probe memfd: its /proc shows no process of h2
     assert caller["plane"] == received["plane"] == "network"
-    assert received["stream_bytes"] >= NBYTES  # every byte in the gRPC stream...
-    assert caller["link_sent"] >= NBYTES  # ...across h1's link
+    if way == "bulk":  # the gRPC stream carries the header; h2 fetches the bytes from h1's bulk endpoint...
+        assert received["stream_bytes"] < 4096
+    else:  # ...or every byte is in the gRPC stream
+        assert received["stream_bytes"] >= NBYTES
+    assert caller["link_sent"] >= NBYTES  # either way across h1's link
     assert received["xxh3"] == caller["xxh3"]
 
 
 def test_roles_on_one_host_share_memory_and_nothing_crosses_the_link(emulated_hosts: Make) -> None:
     cluster = emulated_hosts(2)
-    caller, received = _push(cluster["h1"], cluster["h1"])
+    caller, received = _push(cluster["h1"], cluster["h1"], "bulk")
     assert caller["mine"] == caller["peer"] and caller["peer"].startswith("h1/")
     assert caller["maps"] is True
     assert caller["plane"] == received["plane"] == "shared_memory"

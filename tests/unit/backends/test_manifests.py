@@ -237,18 +237,24 @@ def test_a_job_dir_off_the_data_volume_is_refused_naming_the_field() -> None:
 
 
 def test_the_network_policy_admits_only_the_jobs_pods_and_the_coordinator() -> None:
+    """The job's pods reach each other's gRPC and bulk transfer ports; the coordinator only gRPC."""
     docs, _ = _manifests(2)
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
     spec = policy["spec"]
     job_pods = {"podSelector": {"matchLabels": {LABEL_JOB: "j1"}}}
     assert spec["podSelector"] == job_pods["podSelector"] and spec["policyTypes"] == ["Ingress", "Egress"]
     assert all(p["metadata"]["labels"][LABEL_JOB] == "j1" for p in _pods(docs))  # every pod is selected
-    [ingress] = spec["ingress"]
+    from_pods, from_coordinator = spec["ingress"]
     coordinator = {"podSelector": {"matchLabels": {LABEL_COORDINATOR: "true"}}}
-    assert ingress["from"] == [job_pods, coordinator]
-    assert ingress["ports"] == [{"protocol": "TCP", "port": 50051}]
+    role_ports = [{"protocol": "TCP", "port": 50051}, {"protocol": "TCP", "port": 50052}]
+    assert from_pods == {"from": [job_pods], "ports": role_ports}
+    assert from_coordinator == {"from": [coordinator], "ports": [{"protocol": "TCP", "port": 50051}]}
+    for pod in _pods(docs):  # each role serves its bulk transfers on the port the policy opens
+        [c] = pod["spec"]["containers"]
+        assert c["args"][c["args"].index("--bulk-port") + 1] == "50052"
+        assert {"name": "bulk", "containerPort": 50052, "protocol": "TCP"} in c["ports"]
     to_pods, dns = spec["egress"]
-    assert to_pods == {"to": [job_pods], "ports": [{"protocol": "TCP", "port": 50051}]}
+    assert to_pods == {"to": [job_pods], "ports": role_ports}
     assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
     assert policy["metadata"]["ownerReferences"][0]["name"] == "ws-j1"
 
@@ -258,7 +264,7 @@ def test_a_coordinator_in_another_namespace_is_admitted_by_namespace() -> None:
     docs, _ = _manifests(1, cluster, model_dir="./model_dir")
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
     kv.validate(policy, kv.latest_version(), strict=True)
-    coordinator = policy["spec"]["ingress"][0]["from"][1]
+    [coordinator] = policy["spec"]["ingress"][1]["from"]
     assert coordinator == {
         "podSelector": {"matchLabels": {LABEL_COORDINATOR: "true"}},
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "weightstream"}},

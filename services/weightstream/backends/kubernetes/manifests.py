@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 ROLE_PORT = 50051
+BULK_PORT = 50052  # a role's bulk transfers (transport/bulk.py): the network plane's tensor bytes
 LABEL_JOB, LABEL_ROLE, LABEL_INDEX = "weightstream.io/job", "weightstream.io/role", "weightstream.io/index"
 # A role listens on its pod's IP only; the readiness probe (`weightstream health`) finds it through this
 # variable, since Kubernetes does not expand $(VAR) in a probe's command.
@@ -200,8 +201,12 @@ def _pod(
         "image": cluster.image,
         "imagePullPolicy": cluster.image_pull_policy,
         # the pod's own IP only (reached through the headless Service's DNS names), never 0.0.0.0
-        "args": [role.kind, "--host", "$(POD_IP)", "--port", str(ROLE_PORT), "--token-file", TOKEN_FILE],
-        "ports": [{"name": "grpc", "containerPort": ROLE_PORT, "protocol": "TCP"}],
+        "args": [role.kind, "--host", "$(POD_IP)", "--port", str(ROLE_PORT),
+                 "--bulk-port", str(BULK_PORT), "--token-file", TOKEN_FILE],  # fmt: skip
+        "ports": [
+            {"name": "grpc", "containerPort": ROLE_PORT, "protocol": "TCP"},
+            {"name": "bulk", "containerPort": BULK_PORT, "protocol": "TCP"},
+        ],
         "env": env,
         "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}},
         # the role's own Health RPC at $WEIGHTSTREAM_ROLE_ADDRESS (it answers before the job is configured,
@@ -296,6 +301,7 @@ def job_manifests(
         _labels(job_id),
         owner,
         cluster.coordinator_namespace,
+        BULK_PORT,
     )
     service = {
         "apiVersion": "v1",

@@ -1,8 +1,8 @@
 """The per-job NetworkPolicy: a job's role pods talk to each other and to the coordinator, nothing else.
 
-Ingress to a role pod: its gRPC port, from the job's own pods and from the coordinator (the service pod,
-recognised by ``LABEL_COORDINATOR``, which the Helm chart sets). Egress from a role pod: the job's own
-pods' gRPC port, and DNS so roles can resolve each other's names. DNS is allowed to any destination on
+Ingress to a role pod: its gRPC and bulk transfer ports from the job's own pods, and its gRPC port from
+the coordinator (the service pod, recognised by ``LABEL_COORDINATOR``, which the Helm chart sets). Egress
+from a role pod: the job's own pods' gRPC and bulk ports, and DNS so roles can resolve each other's names. DNS is allowed to any destination on
 port 53 because where the cluster's resolver runs varies (a kube-dns Service, a node-local cache on a
 link-local address); roles send nothing else anywhere. NetworkPolicies are stateful, so replies to the
 coordinator's calls need no egress rule.
@@ -38,10 +38,11 @@ def network_policy(
     labels: dict[str, str],
     owner: dict[str, Any],
     coordinator_namespace: str | None = None,
+    bulk_port: int | None = None,
 ) -> dict[str, Any]:
     """The NetworkPolicy isolating the pods that match ``job_selector`` (all of one job's roles), which
-    serve gRPC on ``port``. ``coordinator_namespace``: where the coordinator's pod runs, when that is not
-    ``namespace``."""
+    serve gRPC on ``port`` and bulk transfers on ``bulk_port`` (transport/bulk.py; None: none).
+    ``coordinator_namespace``: where the coordinator's pod runs, when that is not ``namespace``."""
 
     # fresh objects at every use: a shared one would come out of `weightstream plan` as a YAML anchor
     def job_pods() -> dict[str, Any]:
@@ -49,6 +50,10 @@ def network_policy(
 
     def grpc_port() -> list[dict[str, Any]]:
         return [{"protocol": "TCP", "port": port}]
+
+    def role_ports() -> list[dict[str, Any]]:  # what roles of the job call each other on
+        bulk = [] if bulk_port is None else [{"protocol": "TCP", "port": bulk_port}]
+        return [*grpc_port(), *bulk]
 
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -58,13 +63,11 @@ def network_policy(
             "podSelector": {"matchLabels": dict(job_selector)},
             "policyTypes": ["Ingress", "Egress"],  # both listed: what is not allowed below is denied
             "ingress": [
-                {
-                    "from": [job_pods(), _coordinator_peer(namespace, coordinator_namespace)],
-                    "ports": grpc_port(),
-                }
+                {"from": [job_pods()], "ports": role_ports()},
+                {"from": [_coordinator_peer(namespace, coordinator_namespace)], "ports": grpc_port()},
             ],
             "egress": [
-                {"to": [job_pods()], "ports": grpc_port()},
+                {"to": [job_pods()], "ports": role_ports()},
                 {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
             ],
         },
