@@ -153,7 +153,8 @@ class RunConfig(Section):
         "auto",
         description="how tensor bytes travel between roles: auto: each pair of roles in shared memory "
         "(memfds; only the header over gRPC) where both are on one host and can map each other's memfds, "
-        "over gRPC otherwise; grpc: every byte over gRPC; shared_memory: as auto, and refused on a backend "
+        "over the network otherwise (headers over gRPC, tensor bytes as bulk TCP transfers); grpc: every "
+        "pair over the network; shared_memory: as auto, and refused on a backend "
         "that never places roles on one host",
     )
     memoryx_dir: str | None = Field(

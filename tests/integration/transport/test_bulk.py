@@ -15,7 +15,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.transport import bulk
 from weightstream.transport.errors import ChecksumError, PeerError, ProtocolError
 from weightstream.transport.plane import NetworkPlane, relay
-from weightstream.transport.tensors import bf16_to_f32, bulk_header, f32_to_bf16
+from weightstream.transport.tensors import bf16_to_f32, bulk_header, checksum, f32_to_bf16, header_message
 
 TOKEN = "b" * 64
 HOST = "127.0.0.1"
@@ -218,3 +218,33 @@ def test_a_relay_serves_its_own_transfer_to_each_reader_while_it_arrives(endpoin
         for name, arr in tensors:
             np.testing.assert_array_equal(got[name], arr)
     assert len(endpoint.outbox) == 0  # upstream's transfer fetched once, the relay's by both readers
+
+
+def test_a_relay_passes_on_each_piece_before_the_rest_has_reached_it(endpoint: bulk.BulkEndpoint) -> None:
+    """Cut-through across a relay: its reader gets the first MiB while the relay's upstream still has not
+    sent the rest (a store-and-forward relay would hold the header, or the bytes, until all had come)."""
+    total = 3 << 20
+    parked = endpoint.outbox.filling(total, readers=1)  # the upstream's transfer, filled by hand
+    assert parked is not None
+    key, upstream = parked
+    upstream.buf[:] = np.random.default_rng(5).integers(0, 256, total, dtype=np.uint8)
+    header = pb.TensorSetHeader(total_bytes=total, bulk_port=endpoint.port, bulk_id=key)
+    header.tensors.add(
+        name="w", dtype="uint8", shape=[total], offset=0, nbytes=total, xxh3=checksum(upstream.buf)
+    )
+    relayed = relay(iter([header_message(header)]), HOST, readers=1)
+    own = bulk_header(next(relayed))  # the header comes down before any byte has
+    assert own is not None and own.bulk_id != key
+    filler = threading.Thread(target=lambda: list(relayed))  # the relay fetching from its upstream
+    filler.start()
+    try:
+        with _raw_fetch(endpoint.port, own.bulk_id) as sock:
+            assert struct.unpack("<Q", _recv(sock, 8))[0] == total
+            upstream.advance(1 << 20)
+            assert _recv(sock, 1 << 20) == upstream.buf[: 1 << 20].tobytes()
+            upstream.advance(2 << 20)
+            assert _recv(sock, 2 << 20) == upstream.buf[1 << 20 :].tobytes()
+    finally:
+        upstream.advance(total - upstream.filled)  # whatever happened, the relay's fetch ends
+        filler.join(timeout=30)
+    assert not filler.is_alive()
