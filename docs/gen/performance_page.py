@@ -213,9 +213,11 @@ BENCHES: dict[str, Bench] = {
     "plane_bytes": Bench(
         "A byte on the network plane (one loopback hop, both ends' CPU)",
         (
-            Figure("network data plane", _at("plane", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("network data plane (bulk transfers)", _at("plane", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("network data plane, inline over gRPC", _at("inline", "cpu_ns_per_byte"), unit="CPU-ns/B"),
             Figure("plain gRPC messages", _at("grpc", "cpu_ns_per_byte"), unit="CPU-ns/B"),
             Figure("TCP socket, recv_into", _at("socket", "cpu_ns_per_byte"), unit="CPU-ns/B"),
+            Figure("inline over gRPC / network plane", _at("inline_over_plane_cpu")),
             Figure("socket / network plane", _at("socket_over_plane_cpu")),
             Figure("network data plane, one hop", _at("plane", "gb_per_s"), unit="GB/s"),
         ),
