@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from machine import record  # bench/machine.py: the machine, date, command and commit
@@ -37,11 +37,12 @@ from weightstream.backends.base import RoleSpec
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import load_params
 from weightstream.plan import make_plan
+from weightstream.training.events import JobEvent, RecoveredEvent, RestartEvent, RetryEvent, StepEvent
 from weightstream.training.runner import JobRunner, RunSummary, job_log
 
 KINDS = ("memoryx", "swarmx", "activation", "worker")  # the order faults rotate through
 TARGET_COST_PER_FAULT_STEPS = 2.0
-Event = dict[str, Any]
+E = TypeVar("E", bound=JobEvent)
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,11 @@ class Run:
     model_dir: Path
     wall_s: float
     summary: RunSummary
-    events: list[tuple[float, Event]]
+    events: list[tuple[float, JobEvent]]
     injected: list[tuple[float, Injection, int]] = field(default_factory=list)  # (time, what, pid)
 
-    def of(self, kind: str) -> list[Event]:
-        return [e for _, e in self.events if e["event"] == kind]
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for _, e in self.events if isinstance(e, kind)]
 
 
 class Chaos:
@@ -116,25 +117,25 @@ class Chaos:
 
     def __init__(self, schedule: list[Injection], backend: LocalProcessBackend, max_steps: int) -> None:
         self.schedule, self.backend, self.max_steps = schedule, backend, max_steps
-        self.events: list[tuple[float, Event]] = []
+        self.events: list[tuple[float, JobEvent]] = []
         self.injected: list[tuple[float, Injection, int]] = []
         self._cond = threading.Condition()
         self._step, self._finished = 0, False
 
-    def on_event(self, e: Event) -> None:
+    def on_event(self, e: JobEvent) -> None:
         t = time.monotonic()
         with self._cond:
             self.events.append((t, e))
-            if e["event"] == "step":
-                self._step = e["step"]
+            if isinstance(e, StepEvent):
+                self._step = e.record.step
             self._cond.notify_all()
-        kind = e["event"]
-        if kind == "step" and (e["step"] % max(1, self.max_steps // 10) == 0):
-            progress(f"step {e['step']}/{self.max_steps} loss {e['loss']:.4f} {e['step_time_s']:.2f}s/step")
-        elif kind in ("restart", "retry"):
-            progress(f"{kind} at step {e['step']}: {e['reason'].split('; its log')[0]}")
-        elif kind == "recovered":
-            progress(f"recovered at step {e['step']} in {e['recovery_s']:.2f}s, replay {e['replay_steps']}")
+        match e:
+            case StepEvent(record=r) if r.step % max(1, self.max_steps // 10) == 0:
+                progress(f"step {r.step}/{self.max_steps} loss {r.loss:.4f} {r.step_time_s:.2f}s/step")
+            case RestartEvent() | RetryEvent():
+                progress(f"{e.kind} at step {e.step}: {e.reason.split('; its log')[0]}")
+            case RecoveredEvent():
+                progress(f"recovered at step {e.step} in {e.recovery_s:.2f}s, replay {e.replay_steps}")
 
     def finish(self) -> None:
         with self._cond:
@@ -210,13 +211,13 @@ def logged_losses(model_dir: Path) -> dict[int, float]:
 
 
 def detection_s(
-    injected: list[tuple[float, Injection, int]], events: list[tuple[float, Event]]
+    injected: list[tuple[float, Injection, int]], events: list[tuple[float, JobEvent]]
 ) -> list[float | None]:
     """For each injection, seconds until the runner's first "restart" event for that role after it
     (None: never detected)."""
     out: list[float | None] = []
     for t, inj, _ in injected:
-        later = [te for te, e in events if e["event"] == "restart" and e["role"] == inj.role and te >= t]
+        later = [te for te, e in events if isinstance(e, RestartEvent) and e.role == inj.role and te >= t]
         out.append(min(later) - t if later else None)
     return out
 
@@ -227,14 +228,14 @@ def cost_per_fault_steps(faulty_wall_s: float, fault_free_wall_s: float, faults:
 
 
 def lost_s(
-    injected: list[tuple[float, Injection, int]], events: list[tuple[float, Event]]
+    injected: list[tuple[float, Injection, int]], events: list[tuple[float, JobEvent]]
 ) -> tuple[float, list[float | None]]:
     """(the run's normal step: the median gap between step events with no injection in between; for
     each injection, how much longer than that the run took to commit the step after it: detection,
     replacement, reconfiguration, replay and the step's second run; None where no step followed).
     Measured within one run, so unlike the wall-time difference of two runs it does not move with the
     load that other work puts on the machine between them."""
-    spans = list(itertools.pairwise(t for t, e in events if e["event"] == "step"))
+    spans = list(itertools.pairwise(t for t, e in events if isinstance(e, StepEvent)))
     hit = [t for t, _, _ in injected]
     clean = [b - a for a, b in spans if not any(a <= h < b for h in hit)]
     normal = statistics.median(clean) if clean else 0.0
@@ -246,7 +247,7 @@ def lost_s(
 
 
 def _median_step_s(run: Run) -> float:
-    times = [e["step_time_s"] for e in run.of("step")]
+    times = [e.record.step_time_s for e in run.of(StepEvent)]
     return statistics.median(times[1:] or times)  # the first warms caches up
 
 
@@ -255,7 +256,7 @@ def _r(x: float | None, digits: int = 3) -> float | None:
 
 
 def summarize(base: Run, faulty: Run) -> dict[str, Any]:
-    mean_step = statistics.fmean(e["step_time_s"] for e in base.of("step"))
+    mean_step = statistics.fmean(e.record.step_time_s for e in base.of(StepEvent))
     injected = [inj for _, inj, _ in faulty.injected]
     detect = detection_s(faulty.injected, faulty.events)
     kills = [t for t, i in zip(detect, injected, strict=True) if t is not None and i.signal == "SIGKILL"]
@@ -273,7 +274,7 @@ def summarize(base: Run, faulty: Run) -> dict[str, Any]:
         ]
         return statistics.fmean(xs) if xs else None
 
-    restarts, recovered = faulty.of("restart"), faulty.of("recovered")
+    restarts, recovered = faulty.of(RestartEvent), faulty.of(RecoveredEvent)
     assert base.summary.checkpoint is not None and faulty.summary.checkpoint is not None
     target = TARGET_COST_PER_FAULT_STEPS
     return {
@@ -284,14 +285,12 @@ def summarize(base: Run, faulty: Run) -> dict[str, Any]:
             "schedule": [f"{i.after_step}:{i.role}:{i.signal}" for i in injected],
         },
         "restarts": faulty.summary.restarts,
-        "restarts_by_kind": {k: sum(e["role_kind"] == k for e in restarts) for k in KINDS},
-        "retries": len(faulty.of("retry")),
+        "restarts_by_kind": {k: sum(e.role_kind == k for e in restarts) for k in KINDS},
+        "retries": len(faulty.of(RetryEvent)),
         "recoveries": len(recovered),
-        "recovery_s_total": round(sum(e["recovery_s"] for e in recovered), 3),
-        "recovery_s_median": _r(
-            statistics.median([e["recovery_s"] for e in recovered]) if recovered else None
-        ),
-        "replay_steps_total": sum(e["replay_steps"] for e in recovered),
+        "recovery_s_total": round(sum(e.recovery_s for e in recovered), 3),
+        "recovery_s_median": _r(statistics.median([e.recovery_s for e in recovered]) if recovered else None),
+        "replay_steps_total": sum(e.replay_steps for e in recovered),
         "undetected_faults": sum(t is None for t in detect),
         "detection_s_sigkill_median": _r(statistics.median(kills) if kills else None),
         "detection_s_sigkill_max": _r(max(kills) if kills else None),

@@ -56,6 +56,7 @@ from weightstream.simulate.cluster import cerebras_like
 from weightstream.simulate.model import Prediction, predict
 from weightstream.simulate.report import breaks_at, overhead
 from weightstream.simulate.workload import Workload, build_workload
+from weightstream.training.events import JobEvent, StepEvent
 from weightstream.training.runner import JobRunner, job_log
 
 NS = [1, 2, 4, 8, 16, 32, 64, 128, 192]
@@ -217,12 +218,13 @@ def run_appliance(raw: dict[str, Any], workdir: Path, a: argparse.Namespace) -> 
     backend = LocalProcessBackend(model_dir / "logs")
     run = Run(n, a.max_foreign)
 
-    def on_event(e: dict[str, Any]) -> None:
-        if e["event"] == "step" and a.skip <= e["step"] < e["max_steps"]:  # the roles stop after the last
+    def on_event(e: JobEvent) -> None:
+        # the roles stop after the last step
+        if isinstance(e, StepEvent) and a.skip <= e.record.step < e.max_steps:
             cpu: dict[str, float] = {"coordinator": _cpu_s(os.getpid())}
             for role, proc in list(backend.procs.items()):
                 cpu[role.kind] = cpu.get(role.kind, 0.0) + _cpu_s(proc.pid)
-            run.samples[e["step"]] = (time.monotonic(), _busy_s(), cpu)
+            run.samples[e.record.step] = (time.monotonic(), _busy_s(), cpu)
 
     t0 = time.monotonic()
     with job_log(model_dir, "scaling"):

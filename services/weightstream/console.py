@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +26,18 @@ from weightstream.backends.base import Backend
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import Params
 from weightstream.training.cadence import Cadence
+from weightstream.training.events import (
+    CheckpointEvent,
+    EvalEvent,
+    JobEvent,
+    RecoveredEvent,
+    RestartEvent,
+    ResumingEvent,
+    RetryEvent,
+    StartingEvent,
+    StartingFromEvent,
+    StepEvent,
+)
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
 __all__ = ["interrupted_message", "run_job", "step_progress", "train_reference"]
@@ -54,10 +65,12 @@ def step_progress(console: Console) -> Progress:
     )
 
 
-def _step_line(e: dict[str, Any]) -> str:
+def _step_line(
+    step: int, loss: float, learning_rate: float, grad_norm: float, tokens_per_second: float
+) -> str:
     return (
-        f"step {e['step']:>6}  loss {e['loss']:.4f}  lr {e['learning_rate']:.3g}  "
-        f"|g| {e['grad_norm']:.3f}  {e['tokens_per_second']:,.0f} tok/s"
+        f"step {step:>6}  loss {loss:.4f}  lr {learning_rate:.3g}  "
+        f"|g| {grad_norm:.3f}  {tokens_per_second:,.0f} tok/s"
     )
 
 
@@ -81,40 +94,41 @@ def run_job(
     progress = step_progress(out)
     task = progress.add_task("train", total=rc.max_steps, status="starting roles")
 
-    def on_event(e: dict[str, Any]) -> None:
-        kind = e["event"]
-        if kind == "status" and e["status"] == "starting":
-            roles = ", ".join(f"{n} {k}" for k, n in e["roles"].items())
-            progress.console.print(f"starting {roles} {where} (logs in {model_dir / 'logs'})")
-        elif kind == "status" and e["status"] == "starting_from":
-            progress.console.print(f"starting from the weights of {e['checkpoint']}")
-        elif kind == "status" and e["status"] == "resuming":
-            progress.console.print(f"resuming from {e['checkpoint']} (step {e['step']})")
-            progress.update(task, completed=e["step"])
-            at.step = at.checkpoint = e["step"]
-        elif kind == "step":
-            at.step = e["step"]
-            progress.update(
-                task, completed=e["step"], status=f"loss {e['loss']:.4f}  {e['tokens_per_second']:,.0f} tok/s"
-            )
-            if cadence.log(e["step"]):
-                progress.console.print(f"{_step_line(e)}  {e['step_time_s'] * 1000:.0f} ms/step")
-        elif kind == "eval":
-            progress.console.print(f"step {e['step']:>6}  [cyan]eval_loss {e['eval_loss']:.4f}[/cyan]")
-        elif kind == "checkpoint":
-            progress.console.print(f"step {e['step']:>6}  checkpoint {e['path']}")
-            at.checkpoint = e["step"]
-        elif kind == "restart":
-            progress.console.print(
-                f"step {e['step']:>6}  [yellow]restart {e['restarts']}/{e['max_role_restarts']}:[/yellow] "
-                f"{escape(e['reason'])}",
-                soft_wrap=True,
-            )
-        elif kind == "retry":
-            progress.console.print(f"step {e['step']:>6}  [yellow]retry:[/yellow] {escape(e['reason'])}")
-        elif kind == "recovered":
-            replay = f", replaying {e['replay_steps']} steps" if e["replay_steps"] else ""
-            progress.console.print(f"step {e['step']:>6}  recovered in {e['recovery_s']:.1f}s{replay}")
+    def on_event(e: JobEvent) -> None:
+        match e:
+            case StartingEvent():
+                roles = ", ".join(f"{n} {k}" for k, n in e.roles.items())
+                progress.console.print(f"starting {roles} {where} (logs in {model_dir / 'logs'})")
+            case StartingFromEvent():
+                progress.console.print(f"starting from the weights of {e.checkpoint}")
+            case ResumingEvent():
+                progress.console.print(f"resuming from {e.checkpoint} (step {e.step})")
+                progress.update(task, completed=e.step)
+                at.step = at.checkpoint = e.step
+            case StepEvent(record=r):
+                at.step = r.step
+                progress.update(
+                    task, completed=r.step, status=f"loss {r.loss:.4f}  {e.tokens_per_second:,.0f} tok/s"
+                )
+                if cadence.log(r.step):
+                    line = _step_line(r.step, r.loss, r.learning_rate, r.grad_norm, e.tokens_per_second)
+                    progress.console.print(f"{line}  {r.step_time_s * 1000:.0f} ms/step")
+            case EvalEvent():
+                progress.console.print(f"step {e.step:>6}  [cyan]eval_loss {e.eval_loss:.4f}[/cyan]")
+            case CheckpointEvent():
+                progress.console.print(f"step {e.step:>6}  checkpoint {e.path}")
+                at.checkpoint = e.step
+            case RestartEvent():
+                progress.console.print(
+                    f"step {e.step:>6}  [yellow]restart {e.restarts}/{e.max_role_restarts}:[/yellow] "
+                    f"{escape(e.reason)}",
+                    soft_wrap=True,
+                )
+            case RetryEvent():
+                progress.console.print(f"step {e.step:>6}  [yellow]retry:[/yellow] {escape(e.reason)}")
+            case RecoveredEvent():
+                replay = f", replaying {e.replay_steps} steps" if e.replay_steps else ""
+                progress.console.print(f"step {e.step:>6}  recovered in {e.recovery_s:.1f}s{replay}")
 
     t0 = time.monotonic()
     try:
@@ -190,16 +204,16 @@ def train_reference(params: Params, out: Console, metrics: Path | None = None) -
                 tps = tokens / (time.perf_counter() - t0)
                 progress.update(task, advance=1, status=f"loss {r.loss:.4f}  {tps:,.0f} tok/s")
                 if cadence.log(r.step):
-                    record = {
-                        "step": r.step,
-                        "loss": r.loss,
-                        "learning_rate": r.learning_rate,
-                        "grad_norm": r.grad_norm,
-                        "tokens_per_second": tps,
-                        "step_time_s": r.step_time_s,
-                    }
-                    progress.console.print(_step_line(record))
+                    progress.console.print(_step_line(r.step, r.loss, r.learning_rate, r.grad_norm, tps))
                     if sink:
+                        record = {
+                            "step": r.step,
+                            "loss": r.loss,
+                            "learning_rate": r.learning_rate,
+                            "grad_norm": r.grad_norm,
+                            "tokens_per_second": tps,
+                            "step_time_s": r.step_time_s,
+                        }
                         sink.write(json.dumps(record) + "\n")
                 if cadence.evaluate(r.step):
                     eval_loss = trainer.evaluate()

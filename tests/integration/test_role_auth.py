@@ -28,6 +28,7 @@ from tests.integration.appliance import TINY
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import load_params
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.training.events import JobEvent, RunningEvent, StepEvent
 from weightstream.training.runner import JobRunner, RunSummary
 from weightstream.transport.auth import TOKEN_METADATA
 from weightstream.transport.rpc import OPTIONS
@@ -93,7 +94,7 @@ def losses(model_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-Hook = Callable[[JobRunner, dict[str, Any]], None]
+Hook = Callable[[JobRunner, JobEvent], None]
 
 
 def train(tmp: Path, name: str, max_steps: int, hook: Hook) -> tuple[JobRunner, RunSummary]:
@@ -114,8 +115,8 @@ def test_roles_refuse_calls_without_the_credential_while_a_job_trains(
     _, clean = train(tmp_path, "clean", 12, lambda r, e: None)
     probed: dict[str, Any] = {}
 
-    def probe(runner: JobRunner, event: dict[str, Any]) -> None:
-        if event["event"] != "step" or event["step"] != 2:
+    def probe(runner: JobRunner, event: JobEvent) -> None:
+        if not isinstance(event, StepEvent) or event.record.step != 2:
             return  # probe once, mid-training, from the runner's own thread: step 3 waits for us
         backend = runner.backend
         assert isinstance(backend, LocalProcessBackend)
@@ -163,8 +164,8 @@ def test_roles_survive_random_bytes_with_a_valid_credential(tmp_path: Path) -> N
     answers: dict[str, grpc.StatusCode] = {}
     rng = random.Random(1234)
 
-    def fuzz(runner: JobRunner, event: dict[str, Any]) -> None:
-        if event["event"] != "status" or event["status"] != "running":
+    def fuzz(runner: JobRunner, event: JobEvent) -> None:
+        if not isinstance(event, RunningEvent):
             return  # configured, before the first step
         metadata = [(TOKEN_METADATA, runner.credential)]
         for service, method in role_methods():

@@ -22,6 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from tests.integration.appliance import TINY, run, weightstream_cmd, write_params
+from weightstream.training.records import SampleRates, StepMetrics, StepRecord
 from weightstream.training.tensorboard import TRAIN_SCALARS, RunEvents
 
 BATCH = TINY["train_input"]["batch_size"]
@@ -60,6 +61,12 @@ def _records(log_dir: Path) -> list[tuple[str, int]]:
         for e in LegacyEventFileLoader(str(f)).Load()
         for v in e.summary.value
     ]
+
+
+def _line(step: int, loss: float, rates: SampleRates, learning_rate: float = 0.1) -> StepMetrics:
+    """A logged step's metrics line: its loss and rates as given, the rest fixed."""
+    record = StepRecord(step, loss, learning_rate, 1.0, 16, 0.5, 0.0, 0.5, 0.0, 0, 0)
+    return StepMetrics(record, tokens_per_second=32.0, rates=rates)
 
 
 def _f32(x: float) -> np.float32:
@@ -197,25 +204,24 @@ def test_rates_are_modelzoos_samples_per_second_of_the_window_and_of_the_run(tmp
     clock = _Clock()
     with RunEvents(tmp_path, start_step=10, batch_size=8, with_eval=False, clock=clock) as events:
         clock.t += 2.0  # steps 11, 12 in 2 s
-        assert events.rates(12) == {"local_samples_per_sec": 8.0, "avg_samples_per_sec": 8.0}
+        assert events.rates(12) == SampleRates(local_samples_per_sec=8.0, avg_samples_per_sec=8.0)
         clock.t += 1.0  # steps 13 to 16 in 1 s
-        assert events.rates(16) == {"local_samples_per_sec": 32.0, "avg_samples_per_sec": 16.0}
+        assert events.rates(16) == SampleRates(local_samples_per_sec=32.0, avg_samples_per_sec=16.0)
 
 
 def test_each_step_is_on_disk_at_once_and_the_files_close_on_an_error(tmp_path: Path) -> None:
     """tensorboardX's own thread flushes the first events and then every 120 s only: each logged step and
     evaluation is flushed, so TensorBoard shows them while the run goes on."""
-    fields = {"learning_rate": 0.1, "grad_norm": 1.0}
     failed = False
     try:
         with RunEvents(tmp_path, 0, 8, with_eval=True) as events:
             for step in (1, 2, 3):
-                events.log_step({"step": step, "loss": 2.5 - step, **fields, **events.rates(step)})
+                events.log_step(_line(step, 2.5 - step, events.rates(step)))
                 events.log_eval(step, 2.25 - step)
                 assert _scalars(tmp_path / "train").get("loss", [])[-1:] == [(step, 2.5 - step)]
                 assert _scalars(tmp_path / "eval").get("loss", [])[-1:] == [(step, 2.25 - step)]
-            events.log_step({"step": 4})  # a record without its fields: KeyError out of the block
-    except KeyError:
+            events.log_step(None)  # type: ignore[arg-type]  # not a line: AttributeError out of the block
+    except AttributeError:
         failed = True
     assert failed
     assert events.train.closed and events.eval is not None and events.eval.closed
@@ -231,15 +237,7 @@ def test_a_restart_within_the_same_second_keeps_the_earlier_file(
     for start, loss in ((0, 1.0), (2, 5.0)):
         with RunEvents(tmp_path, start, 8, with_eval=False) as events:
             for step in range(start + 1, 4):
-                events.log_step(
-                    {
-                        "step": step,
-                        "loss": loss + step,
-                        "learning_rate": 0.1,
-                        "grad_norm": 1.0,
-                        **events.rates(step),
-                    }
-                )
+                events.log_step(_line(step, loss + step, events.rates(step)))
     assert _scalars(tmp_path / "train")["loss"] == [(1, 2.0), (2, 3.0), (3, 8.0)]
 
 
@@ -253,15 +251,10 @@ def test_a_run_without_eval_input_writes_no_eval_directory(tmp_path: Path) -> No
 def test_a_resumed_run_without_evaluation_still_hides_the_earlier_attempts_later_evaluations(
     tmp_path: Path,
 ) -> None:
-    record = {
-        "learning_rate": 0.1,
-        "grad_norm": 1.0,
-        "local_samples_per_sec": 1.0,
-        "avg_samples_per_sec": 1.0,
-    }
+    rates = SampleRates(local_samples_per_sec=1.0, avg_samples_per_sec=1.0)
     with RunEvents(tmp_path, 0, 8, with_eval=True) as events:
         for step in (2, 6):
-            events.log_step({"step": step, "loss": 3.0, **record})
+            events.log_step(_line(step, 3.0, rates))
             events.log_eval(step, 3.5)
     with RunEvents(tmp_path, 4, 8, with_eval=False):
         pass  # resumed from step 4, with no eval_input now: nothing past step 4 is shown

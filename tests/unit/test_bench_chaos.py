@@ -14,6 +14,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.bench_module import load_bench
+from weightstream.training.events import JobEvent, RecoveredEvent, RestartEvent, StepEvent
+from weightstream.training.records import StepRecord
 from weightstream.training.runner import RunSummary
 
 COUNTS = {"memoryx": 2, "swarmx": 1, "activation": 1, "worker": 2}
@@ -79,38 +81,48 @@ def test_checkpoints_equal_means_every_tensor_bit_for_bit(tmp_path: Path) -> Non
     assert not chaos.checkpoints_equal(a, missing)
 
 
-def _run(
-    tmp: Path, name: str, wall: float, events: list[tuple[float, dict[str, Any]]], losses: list[float]
-) -> Any:
+def _run(tmp: Path, name: str, wall: float, events: list[tuple[float, JobEvent]], losses: list[float]) -> Any:
     model_dir = tmp / name
     ckpt = _checkpoint(model_dir / "checkpoint_2", np.ones(6, np.float32))
     rows = [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]
     (model_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = RunSummary(
-        2, 0, 2, losses[-1], None, ckpt, wall, sum(e["event"] == "restart" for _, e in events)
+        2, 0, 2, losses[-1], None, ckpt, wall, sum(isinstance(e, RestartEvent) for _, e in events)
     )
     return chaos.Run(model_dir, wall, summary, events)
 
 
-def _steps(*at: float) -> list[tuple[float, dict[str, Any]]]:
+def _step(step: int, step_time_s: float = 1.0) -> StepEvent:
+    record = StepRecord(step, 1.0, 1e-3, 1.0, 16, step_time_s, 0.0, 0.0, 0.0, 0, 0)
+    return StepEvent(record, tokens_per_second=16.0, max_steps=100)
+
+
+def _steps(*at: float) -> list[tuple[float, JobEvent]]:
     """Step events at the times ``at`` (seconds), each step taking 1 s."""
-    return [(t, {"event": "step", "step": n + 1, "loss": 1.0, "step_time_s": 1.0}) for n, t in enumerate(at)]
+    return [(t, _step(n + 1)) for n, t in enumerate(at)]
+
+
+def _restart(role: str, step: int = 2) -> RestartEvent:
+    return RestartEvent(role, role.rsplit("-", 1)[0], step, f"{role} was killed", 1, 50)
+
+
+def _recovered(step: int, replay_steps: int, recovery_s: float) -> RecoveredEvent:
+    return RecoveredEvent(step, replay_steps, recovery_s, generation=1, restarts=1, addresses={})
 
 
 def test_summary_from_the_events_of_both_runs(tmp_path: Path) -> None:
-    base_steps = _steps(1.0, 2.0)
-    base_steps[0][1]["step_time_s"] = 3.0  # the first step warms up: not in the median
+    # the first step warms up: not in the median
+    base_steps: list[tuple[float, JobEvent]] = [(1.0, _step(1, step_time_s=3.0)), (2.0, _step(2))]
     base = _run(tmp_path, "base", 10.0, base_steps, [5.0, 4.0])
-    restart = {"event": "restart", "role_kind": "memoryx", "step": 2}
     events = [
         *_steps(
             10.0, 14.0, 15.0, 16.0, 32.0, 33.5
         ),  # gaps 1, 1, 1.5 s (median 1); 4 s and 16 s around faults
-        (11.0, {**restart, "role": "memoryx-0"}),
-        (12.0, {"event": "recovered", "step": 0, "replay_steps": 1, "recovery_s": 0.5}),
-        (30.2, {**restart, "role": "worker-0", "role_kind": "worker"}),
-        (31.0, {"event": "recovered", "step": 4, "replay_steps": 0, "recovery_s": 1.5}),
-        (34.5, {**restart, "role": "memoryx-1"}),  # no injection of ours: detects nothing
+        (11.0, _restart("memoryx-0")),
+        (12.0, _recovered(0, replay_steps=1, recovery_s=0.5)),
+        (30.2, _restart("worker-0")),
+        (31.0, _recovered(4, replay_steps=0, recovery_s=1.5)),
+        (34.5, _restart("memoryx-1")),  # no injection of ours: detects nothing
     ]
     faulty = _run(tmp_path, "faulty", 30.0, sorted(events, key=lambda te: te[0]), [5.0, 4.0])
     faulty.injected = [

@@ -36,6 +36,7 @@ from weightstream.jobs.role_backends import end_leftovers, make_backend
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
 from weightstream.params import Params, ParamsError, load_params, read_params
 from weightstream.params.layout import relocate
+from weightstream.training.events import EventSink, JobEvent, StatusEvent
 from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
 
 __all__ = [
@@ -76,7 +77,6 @@ class Runner(Protocol):
     def stop(self) -> None: ...
 
 
-EventSink = Callable[[dict[str, Any]], None]
 RunnerFactory = Callable[[Job, Params, EventSink], Runner]
 
 
@@ -294,12 +294,10 @@ class JobService:
             reason = "service stopped; restarts from step 0 (its params disable autoload_last_checkpoint)"
         self.store.transition(job_id, "queued", reason=reason)
 
-    def _on_event(self, job_id: str, event: dict[str, Any]) -> None:
-        kind = event.pop("event")
-        if kind == "status":  # the runner's own phases (starting roles, running): kept as progress
-            self.store.add_event(job_id, "progress", event)
-        else:
-            self.store.add_event(job_id, kind, event)
+    def _on_event(self, job_id: str, event: JobEvent) -> None:
+        # the runner's own phases (starting roles, running) are kept as progress, beside the backend's
+        kind = "progress" if isinstance(event, StatusEvent) else event.kind
+        self.store.add_event(job_id, kind, event.data())
 
     def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop accepting and scheduling, stop every running job's roles and put those jobs back in the

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from weightstream.backends.base import BackendError, RoleSpec
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
+from weightstream.training.events import EventSink, RecoveredEvent, RestartEvent, RetryEvent
 from weightstream.training.roles import RolePlane
 
 __all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
@@ -129,7 +130,7 @@ class Recovery:
         roles: RolePlane,
         budget: RestartBudget,
         log: logging.Logger,
-        emit: Callable[..., None],
+        emit: EventSink,
         cancelled: threading.Event,
         wait_ready: Callable[[], dict[str, list[str]]],
     ) -> None:
@@ -185,17 +186,18 @@ class Recovery:
         for role, how in lost.items():
             self.log.warning("step %d: %s; replacing it", at + 1, how)
             self.emit(
-                "restart",
-                role=role.name,
-                role_kind=role.kind,
-                step=at + 1,
-                reason=how,
-                restarts=self.budget.restarts,
-                max_role_restarts=self.budget.max_restarts,
+                RestartEvent(
+                    role=role.name,
+                    role_kind=role.kind,
+                    step=at + 1,
+                    reason=how,
+                    restarts=self.budget.restarts,
+                    max_role_restarts=self.budget.max_restarts,
+                )
             )
         if not lost:
             self.log.warning("step %d failed with every role alive (%s); running it again", at + 1, error)
-            self.emit("retry", step=at + 1, reason=str(error))
+            self.emit(RetryEvent(step=at + 1, reason=str(error)))
         if backoff and self.cancelled.wait(backoff):
             raise JobCancelled("cancelled")
         addresses = self.roles.addresses
@@ -207,7 +209,7 @@ class Recovery:
                 if self.cancelled.is_set():
                     raise JobCancelled("cancelled") from e
                 raise self.budget.fail(f"a replacement role failed to start: {e}") from e
-        self.roles.generation += 1
+        generation = self.roles.next_generation()
         now_at: int | None = None
         if not any(r.kind == "memoryx" for r in lost):
             self._configure(addresses, None, lost, keep_state=True)
@@ -223,19 +225,20 @@ class Recovery:
         self.log.info(
             "recovered in %.1fs: generation %d, %d restarts so far, replaying %d steps from step %d",
             took,
-            self.roles.generation,
+            generation,
             self.budget.restarts,
             max(0, done - now_at),
             now_at,
         )
         self.emit(
-            "recovered",
-            step=now_at,
-            replay_steps=max(0, done - now_at),
-            recovery_s=took,
-            generation=self.roles.generation,
-            restarts=self.budget.restarts,
-            addresses=addresses,  # every role's, a replacement's new one included (the dashboard shows it)
+            RecoveredEvent(
+                step=now_at,
+                replay_steps=max(0, done - now_at),
+                recovery_s=took,
+                generation=generation,
+                restarts=self.budget.restarts,
+                addresses=addresses,
+            )
         )
         return now_at
 

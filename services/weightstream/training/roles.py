@@ -53,7 +53,7 @@ class RolePlane:
         self.credential, self.timeout_s = credential, timeout_s
         self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
         self.addresses: dict[str, list[str]] = {}
-        self.generation = 0
+        self._generation = 0
         self.workers: list[Any] = []
         self.shards: list[Any] = []
         self._channels: list[grpc.Channel] = []
@@ -65,6 +65,17 @@ class RolePlane:
         for c in self._channels:
             c.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def generation(self) -> int:
+        """The configuration attempt every call of this plane carries: 0 for the run's first."""
+        return self._generation
+
+    def next_generation(self) -> int:
+        """Begin a new configuration attempt (recovery), returned: once ``configure`` has run, every role
+        refuses the calls of the attempts before it, wherever they still arrive (``transport.fencing``)."""
+        self._generation += 1
+        return self._generation
 
     def _channel(self, address: str) -> grpc.Channel:
         channel = open_channel(address, self.credential, self.generation)

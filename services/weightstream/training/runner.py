@@ -7,15 +7,13 @@ refused wherever they still arrive, so each step is applied exactly once whateve
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
@@ -35,17 +33,28 @@ from weightstream.training.checkpoints import (
 )
 from weightstream.training.divergence import check_finite
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
+from weightstream.training.events import (
+    CheckpointEvent,
+    EvalEvent,
+    EventSink,
+    ResumingEvent,
+    RunningEvent,
+    StartingEvent,
+    StartingFromEvent,
+    StepEvent,
+)
 from weightstream.training.hf_start import check_start_checkpoint
+from weightstream.training.metrics_writer import MetricsWriter
+from weightstream.training.records import EvalRecord, StepRecord
 from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
+from weightstream.training.run_state import PostStep, RunState
 from weightstream.training.stepping import StepDriver
-from weightstream.training.tensorboard import RunEvents
 from weightstream.transport.auth import new_role_token
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
 
 log = logging.getLogger("weightstream.training")
-Event = dict[str, Any]
 
 
 @contextmanager
@@ -77,20 +86,26 @@ class RunSummary:
 
 
 class JobRunner:
+    # Where the run stands between steps, and the files its records go to: both made as training begins
+    # (``_train``), once the roles are configured.
+    state: RunState
+    metrics: MetricsWriter
+
     def __init__(
         self,
         params: Params,
         backend: Backend,
-        on_event: Callable[[Event], None] | None = None,
+        on_event: EventSink | None = None,
         job_id: str = "local",
         time_limit_s: float | None = None,
         time_used_s: float = 0.0,
     ) -> None:
-        """``time_limit_s``: the job's wall-clock limit (None: none), of which earlier runs of it (before a
+        """``on_event``: called with each event of the run (``training.events``), on the thread that runs
+        it. ``time_limit_s``: the job's wall-clock limit (None: none), of which earlier runs of it (before a
         service restart) used ``time_used_s``; checked before every step."""
         self.params, self.backend, self.job_id = params, backend, job_id
         self.time_limit_s, self.time_used_s = time_limit_s, time_used_s
-        self.on_event = on_event or (lambda e: None)
+        self.on_event: EventSink = on_event or (lambda e: None)
         self.rc = params.runconfig
         self.model = model_def(params)
         self.opt = optimizer_config(params.optimizer)
@@ -116,9 +131,6 @@ class JobRunner:
         """Every role's address, by kind, once the roles run (replacements included)."""
         return self.roles.addresses
 
-    def _emit(self, kind: str, **data: Any) -> None:
-        self.on_event({"event": kind, **data})
-
     # -- the job -------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         t0 = time.monotonic()
@@ -130,7 +142,7 @@ class JobRunner:
         if resume:
             refuse_weights_only(resume[1])
             self.log.info("resuming from %s", resume[1])
-            self._emit("status", status="resuming", checkpoint=str(resume[1]), step=start_step)
+            self.on_event(ResumingEvent(checkpoint=str(resume[1]), step=start_step))
         elif self.rc.checkpoint_path is not None:  # checked before any role starts; the shards load it
             try:
                 notes = check_start_checkpoint(self.params, self.model, self.rc.checkpoint_path)
@@ -138,12 +150,12 @@ class JobRunner:
                 raise JobFailed(str(e)) from None
             for note in notes:
                 self.log.info("%s", note)
-            self._emit("status", status="starting_from", checkpoint=self.rc.checkpoint_path, step=0)
+            self.on_event(StartingFromEvent(checkpoint=self.rc.checkpoint_path, step=0))
         # the steps after the start run again (all of them from step 0: an earlier attempt that left no
         # checkpoint, or autoload_last_checkpoint false), so their records of an earlier attempt go
         trim_metrics(self.model_dir / "metrics.jsonl", start_step)
         roles = [RoleSpec(kind, i) for kind, i in self.plan.roles()]
-        self._emit("status", status="starting", roles=self.plan.counts())
+        self.on_event(StartingEvent(roles=self.plan.counts()))
         # a new role credential for every start: roles of an earlier run of this job cannot join this one
         self.credential = credential = new_role_token()
         self.roles = RolePlane(
@@ -155,9 +167,8 @@ class JobRunner:
             self.rc.rpc_timeout_s,
         )
         self.steps = StepDriver(self.roles, self.opt)
-        self.recovery_point: tuple[int, Path | None] = (start_step, resume[1] if resume else None)
         self.recovery = Recovery(
-            self.roles, self.budget, self.log, self._emit, self._cancelled, self._wait_ready
+            self.roles, self.budget, self.log, self.on_event, self._cancelled, self._wait_ready
         )
         try:
             if self._cancelled.is_set():
@@ -167,8 +178,8 @@ class JobRunner:
             except BackendError as e:  # no room for the job, a scheduler refusing it: the job fails
                 raise JobFailed(str(e)) from e
             self.roles.configure(self._wait_ready(), str(resume[1]) if resume else None)
-            self._emit("status", status="running", addresses=self.roles.addresses)
-            return self._train(start_step, t0)
+            self.on_event(RunningEvent(addresses=self.roles.addresses))
+            return self._train(start_step, resume[1] if resume else None, t0)
         except JobFailed as e:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled") from e
@@ -186,7 +197,7 @@ class JobRunner:
                 raise JobCancelled("cancelled while starting") from e
             raise JobFailed(str(e)) from e
 
-    def _step(self, step: int) -> dict[str, Any]:
+    def _step(self, step: int) -> StepRecord:
         """Train step ``step`` (0-based) through its update (``training.stepping``); returns its record."""
         return self.steps.step(step, next_is_step=self._next_is_step(step))
 
@@ -194,46 +205,39 @@ class JobRunner:
         """Whether, once step ``step`` is committed, the run's next action is step ``step + 1``: then that
         step's RunStep may overlap this step's update."""
         done = step + 1
-        if self.at != step or self.done != step:  # a replay after a fault
+        if self.state.at != step or self.state.done != step:  # a replay after a fault
             return False
         return done < self.rc.max_steps and not self._after(done) and not self._cancelled.is_set()
 
-    def _after(self, done: int) -> list[str]:
+    def _after(self, done: int) -> list[PostStep]:
         """What the run does after step ``done`` (1-based) is committed, before the next step."""
         every = self.rc.recovery_snapshot_steps
-        return [
-            *(["eval"] if self.cadence.evaluate(done) else []),
-            *(["checkpoint"] if self.cadence.checkpoint(done) else []),
-            *(["snapshot"] if every and done % every == 0 and not self.cadence.checkpoint(done) else []),
-        ]
+        post: list[PostStep] = ["eval"] if self.cadence.evaluate(done) else []
+        if self.cadence.checkpoint(done):
+            post.append("checkpoint")
+        elif every and done % every == 0:  # a checkpoint is a recovery point already
+            post.append("snapshot")
+        return post
 
-    def _train(self, start_step: int, t0: float) -> RunSummary:
+    def _train(self, start_step: int, resume: Path | None, t0: float) -> RunSummary:
+        """Run from step ``start_step`` (held by the checkpoint ``resume``; None: the seed's weights)
+        to ``max_steps``; ``t0``: when this run began (monotonic)."""
         rc = self.rc
-        self.at = self.done = start_step  # steps the shards hold; steps committed (logged) by this run
-        self.losses: dict[int, float] = {}  # loss of each step since the recovery point, to check replays
-        self._post: list[str] = []  # what is still to do after step ``done``: eval, checkpoint, snapshot
-        self.last_loss = self.eval_loss = None
-        self.checkpoint: Path | None = None
-        self.tokens_total, self.t_train = 0, time.monotonic()
-        if start_step == 0 and rc.save_initial_checkpoint:
-            self._post = ["checkpoint"]  # checkpoint_0: the weights the run starts from, before any step
+        self.state = state = RunState.begin(start_step, resume, rc.save_initial_checkpoint)
         batch = self.params.train_input.batch_size
-        with (
-            (self.model_dir / "metrics.jsonl").open("a", encoding="utf-8") as self.metrics,
-            RunEvents(self.model_dir, start_step, batch, self.cadence.has_eval) as self.events,
-        ):
-            while self.at < self.done or self._post or self.done < rc.max_steps:
+        with MetricsWriter(self.model_dir, start_step, batch, self.cadence.has_eval) as self.metrics:
+            while state.replaying or state.post or state.done < rc.max_steps:
                 if self._cancelled.is_set():
-                    raise JobCancelled(f"cancelled before step {self.done + 1}")
+                    raise JobCancelled(f"cancelled before step {state.done + 1}")
                 try:
-                    if self.at < self.done:  # after a rollback: replay, checking each loss
-                        self._replay(self._step(self.at))
-                    elif self._post:
-                        self._post_step(self._post[0])
-                        self._post.pop(0)
+                    if state.replaying:  # after a rollback: replay, checking each loss
+                        self._replay(self._step(state.at))
+                    elif state.post:
+                        self._post_step(state.post[0])
+                        state.post.pop(0)
                     else:
-                        self._check_time_limit(self.done, t0)
-                        self._commit(self._step(self.done))
+                        self._check_time_limit(state.done, t0)
+                        self._commit(self._step(state.done))
                 except RoleFault as e:
                     self._recover(e)
         if self.steps.overlapped:
@@ -241,76 +245,62 @@ class JobRunner:
                 "%d steps started while the previous step's update was being applied (training.stepping)",
                 self.steps.overlapped,
             )
+        checkpoint = state.checkpoint
         if start_step >= rc.max_steps:
             found = last_checkpoint(self.model_dir)
-            self.checkpoint = found[1] if found else None
+            checkpoint = found[1] if found else None
         steps_run = max(0, rc.max_steps - start_step)
         return RunSummary(
             steps_run,
             start_step,
             rc.max_steps,
-            self.last_loss,
-            self.eval_loss,
-            self.checkpoint,
+            state.last_loss,
+            state.eval_loss,
+            checkpoint,
             time.monotonic() - t0,
             self.budget.restarts,
         )
 
-    def _commit(self, record: dict[str, Any]) -> None:
-        """Step ``record['step']`` is applied on every shard: log it, and queue what follows it."""
-        self.at = self.done = done = record["step"]
+    def _commit(self, record: StepRecord) -> None:
+        """Step ``record.step`` is applied on every shard: log it, and queue what follows it."""
+        done = record.step
         self.budget.step_completed()
-        self.losses[done - 1] = self.last_loss = record["loss"]
-        self.tokens_total += record.pop("tokens")
-        record["tokens_per_second"] = self.tokens_total / (time.monotonic() - self.t_train)
-        self._emit("step", **record, max_steps=self.rc.max_steps)
+        tokens_per_second = self.state.commit(record)
+        self.on_event(StepEvent(record, tokens_per_second, self.rc.max_steps))
         if self.cadence.log(done):
-            record.update(self.events.rates(done))
-            self.metrics.write(json.dumps(record) + "\n")
-            self.metrics.flush()
-            self.events.log_step(record)
+            self.metrics.step(record, tokens_per_second)
             self.log.info(
                 "step %d loss %.5f lr %.3g |g| %.4f",
                 done,
-                record["loss"],
-                record["learning_rate"],
-                record["grad_norm"],
+                record.loss,
+                record.learning_rate,
+                record.grad_norm,
             )
         self.steps.committed()
-        self._post = self._after(done)
+        self.state.post = self._after(done)
 
-    def _replay(self, record: dict[str, Any]) -> None:
-        step = record["step"] - 1
-        self.at = step + 1
+    def _replay(self, record: StepRecord) -> None:
         self.budget.step_completed()
-        first = self.losses.get(step)
-        if first is not None and record["loss"] != first:
-            raise JobFailed(
-                f"step {step + 1} replayed after a fault gave loss {record['loss']!r}, its first run "
-                f"{first!r}: training is not deterministic here, so the job cannot recover exactly"
-            )
-        if self.at == self.done:
-            self.log.info("replayed to step %d; training goes on", self.done)
+        self.state.replayed(record)  # raises JobFailed if the loss differs from the first run's
+        if not self.state.replaying:
+            self.log.info("replayed to step %d; training goes on", self.state.done)
 
-    def _post_step(self, action: str) -> None:
-        done = self.done
+    def _post_step(self, action: PostStep) -> None:
+        state = self.state
+        done = state.done
         if action == "eval":
-            self.eval_loss = self._evaluate(done)
-            self.metrics.write(json.dumps({"step": done, "eval_loss": self.eval_loss}) + "\n")
-            self.metrics.flush()
-            self.events.log_eval(done, self.eval_loss)
+            state.eval_loss = self._evaluate(done)
+            self.metrics.eval(EvalRecord(done, state.eval_loss))
         elif action == "checkpoint":
-            self.checkpoint = self._save(done, snapshot=False)
+            state.checkpoint = self._save(done, snapshot=False)
             if not self.rc.checkpoint_optimizer_state:
                 return  # weights only: recovery cannot start from it, so the recovery point stays
-            self.recovery_point = (done, self.checkpoint)
+            state.new_recovery_point(state.checkpoint)
             remove_recovery_snapshots(self.model_dir)
         else:
             path = self._save(done, snapshot=True)
-            self.recovery_point = (done, path)
+            state.new_recovery_point(path)
             remove_recovery_snapshots(self.model_dir, keep=path)
-        if action != "eval":
-            self.losses = {s: v for s, v in self.losses.items() if s >= done}
 
     def _check_time_limit(self, done: int, t0: float) -> None:
         """Fail the job once its wall-clock limit is spent (``t0``: when this run began, monotonic)."""
@@ -327,7 +317,7 @@ class JobRunner:
         eval_loss = sum(r.loss for r in replies) / n
         check_finite(step, eval_loss=eval_loss)
         self.log.info("step %d eval_loss %.5f", step, eval_loss)
-        self._emit("eval", step=step, eval_loss=eval_loss)
+        self.on_event(EvalEvent(step=step, eval_loss=eval_loss))
         return eval_loss
 
     def _save(self, step: int, snapshot: bool) -> Path:
@@ -363,18 +353,18 @@ class JobRunner:
             return path
         self.log.info("checkpoint %s", path)
         prune_checkpoints(self.model_dir, self.rc.keep_checkpoint_max, path, self.log)
-        self._emit("checkpoint", step=step, path=str(path))
+        self.on_event(CheckpointEvent(step=step, path=str(path)))
         return path
 
     # -- recovery ------------------------------------------------------------------------------------------
     def _recover(self, fault: RoleFault) -> None:
         """Replace what ``fault`` cost and bring the shards to an agreed step (``training.recovery``)."""
-        applying, self.steps.applying = self.steps.applying, None
-        self.steps.drop_early()  # a RunStep sent ahead belongs to the configuration being replaced
+        state = self.state
+        applying = self.steps.interrupted()  # the step whose update was in flight, if any
         at = self.recovery.recover(
-            fault, self.at, self.done, applying[0] if applying else None, self.recovery_point
+            fault, state.at, state.done, applying.step - 1 if applying else None, state.recovery_point
         )
-        if applying is not None and at == self.at + 1:  # the update had landed on every shard
-            (self._replay if self.at < self.done else self._commit)(applying[1])
+        if applying is not None and at == state.at + 1:  # the update had landed on every shard
+            (self._replay if state.replaying else self._commit)(applying)
         else:
-            self.at = at
+            state.at = at

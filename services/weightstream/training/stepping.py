@@ -21,33 +21,33 @@ of it, and their requests for the first unit are already at the shards when its 
 ApplyUpdate(s), each crossed coordinator, worker and SwarmX while the embedding was being updated, and arrived
 ~4 ms after it was (GPT-2 d512/L4, measured). The math is unchanged (every weight a worker reads is the
 updated one), so results are bitwise those of the sequential order. Step s is still committed only once
-ApplyUpdate(s) has returned everywhere; a fault meanwhile is recovered as before (during ApplyUpdate(s):
-``applying``), and the early RunStep(s + 1) is dropped with the configuration that sent it. A diverged step s
-ends the run before any update: its early RunStep(s + 1) waits for weights that never come, until the run
-stops the roles.
+ApplyUpdate(s) has returned everywhere; a fault meanwhile is recovered as before (the update in flight is
+what ``interrupted`` returns), and the early RunStep(s + 1) is dropped with the configuration that sent it.
+A diverged step s ends the run before any update: its early RunStep(s + 1) waits for weights that never
+come, until the run stops the roles.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from weightstream.numerics import OptimizerConfig
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.training.divergence import check_finite
+from weightstream.training.records import StepRecord
 from weightstream.training.roles import RolePlane
 
 __all__ = ["StepDriver"]
-
-Record = dict[str, Any]
 
 
 class StepDriver:
     def __init__(self, roles: RolePlane, opt: OptimizerConfig) -> None:
         self.roles, self.opt = roles, opt
-        self.applying: tuple[int, Record] | None = None  # (step, record) while its update is in flight
+        self._applying: StepRecord | None = None  # the step whose update is in flight
         self._early: tuple[int, Future[list[Any]]] | None = None  # (step, its RunStep replies to come)
         self._last_end = 0.0  # when the run committed the previous step (``committed``)
         self.overlapped = 0  # steps whose RunStep overlapped the previous update (for tests, operators)
@@ -56,9 +56,12 @@ class StepDriver:
         """The run has committed (logged) the step this driver last ran: a step sent ahead begins now."""
         self._last_end = time.monotonic()
 
-    def drop_early(self) -> None:
-        """Forget a RunStep sent ahead (a fault: the new configuration cancels it)."""
-        self._early = None
+    def interrupted(self) -> StepRecord | None:
+        """A fault ended the step under way: forget it, and the RunStep sent ahead if any (the new
+        configuration cancels it). Returns the record of the step whose update was in flight, if the fault
+        came then: the update may have landed on every shard (``Recovery.recover`` finds out)."""
+        applying, self._applying, self._early = self._applying, None, None
+        return applying
 
     def _start_workers(self, step: int) -> tuple[float, Future[list[Any]]]:
         """(when the step began, the workers' replies to come): the RunStep sent ahead, if any. A step sent
@@ -75,8 +78,8 @@ class StepDriver:
         """``rpc_all`` in the background: the calls of a step that overlap another's (module doc)."""
         return self.roles.submit(lambda: self.roles.rpc_all(kind, method, request))
 
-    def step(self, step: int, next_is_step: bool) -> Record:
-        """Train step ``step`` (0-based) through its update; returns its metrics record. With
+    def step(self, step: int, next_is_step: bool) -> StepRecord:
+        """Train step ``step`` (0-based) through its update; returns its record. With
         ``next_is_step`` (the run's next action is step ``step + 1``) that step's RunStep is sent as soon
         as this step's has returned."""
         t0, running = self._start_workers(step)
@@ -92,25 +95,23 @@ class StepDriver:
         loss = sum(r.loss for r in replies)
         check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
         lr = self.opt.learning_rate(step)
-        record: Record = {
-            "step": step + 1,
-            "loss": loss,
-            "learning_rate": lr,
-            "grad_norm": norm,
-            "tokens": sum(r.tokens for r in replies),
-            "step_time_s": 0.0,
-            "worker_wait_s": max(r.wait_s for r in replies),
-            "worker_compute_s": max(r.compute_s for r in replies),
-            "update_s": 0.0,
-            "worker_peak_rss_bytes": max(r.peak_rss_bytes for r in replies),
-            # weights in and gradients out over every worker's link: falls with density (sparsity)
-            "worker_wire_bytes": sum(r.wire_bytes for r in replies),
-        }
-        self.applying = (step, record)
+        record = StepRecord(
+            step=step + 1,
+            loss=loss,
+            learning_rate=lr,
+            grad_norm=norm,
+            tokens=sum(r.tokens for r in replies),
+            step_time_s=0.0,
+            worker_wait_s=max(r.wait_s for r in replies),
+            worker_compute_s=max(r.compute_s for r in replies),
+            update_s=0.0,
+            worker_peak_rss_bytes=max(r.peak_rss_bytes for r in replies),
+            worker_wire_bytes=sum(r.wire_bytes for r in replies),
+        )
+        self._applying = record
         # only the shards take part from here: a worker lost now is replaced before the next step
         update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
         self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
-        self.applying = None
+        self._applying = None
         t1 = time.monotonic()
-        record["step_time_s"], record["update_s"] = t1 - t0, t1 - t_update  # update: norm and optimizer
-        return record
+        return replace(record, step_time_s=t1 - t0, update_s=t1 - t_update)  # update: norm and optimizer

@@ -28,14 +28,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from weightstream.training.records import SampleRates, StepMetrics
+
 __all__ = ["TRAIN_SCALARS", "RunEvents"]
 
-# record field (metrics.jsonl) -> scalar name (TensorBoard), for every logged training step
+# record field (metrics.jsonl) -> scalar name (TensorBoard), for every logged training step: the names
+# ``RunEvents.log_step`` writes, besides ``avg_steps_per_sec``
 TRAIN_SCALARS = {
     "loss": "loss",
     "learning_rate": "lr",
@@ -122,7 +124,7 @@ class RunEvents:
                 self.train.close()
                 raise
 
-    def rates(self, step: int) -> dict[str, float]:
+    def rates(self, step: int) -> SampleRates:
         """Samples per second at logged step ``step`` (1-based): ``local_samples_per_sec`` over the
         steps since the previous logged step (or the run's start), ``avg_samples_per_sec`` over every
         step of this run. Call it once per logged step, in order."""
@@ -130,15 +132,22 @@ class RunEvents:
         local = (step - self.step_logged) * self.batch_size / max(now - self.t_logged, 1e-9)
         avg = (step - self.start_step) * self.batch_size / max(now - self.t0, 1e-9)
         self.step_logged, self.t_logged = step, now
-        return {"local_samples_per_sec": local, "avg_samples_per_sec": avg}
+        return SampleRates(local_samples_per_sec=local, avg_samples_per_sec=avg)
 
-    def log_step(self, record: dict[str, Any]) -> None:
-        """Write a logged step's ``metrics.jsonl`` record (with its ``rates``) and flush, so that a
-        running job's curves update live."""
-        step = record["step"]
-        for field, tag in TRAIN_SCALARS.items():
-            self.train.scalar(tag, record[field], step)
-        self.train.scalar("avg_steps_per_sec", record["avg_samples_per_sec"] / self.batch_size, step)
+    def log_step(self, line: StepMetrics) -> None:
+        """Write a logged step's ``metrics.jsonl`` line (with its ``rates``) and flush, so that a running
+        job's curves update live."""
+        record, rates = line.record, line.rates
+        scalars = (  # in TRAIN_SCALARS's order, then ModelZoo's steps per second
+            ("loss", record.loss),
+            ("lr", record.learning_rate),
+            ("grad_norm", record.grad_norm),
+            ("local_samples_per_sec", rates.local_samples_per_sec),
+            ("avg_samples_per_sec", rates.avg_samples_per_sec),
+            ("avg_steps_per_sec", rates.avg_samples_per_sec / self.batch_size),
+        )
+        for tag, value in scalars:
+            self.train.scalar(tag, value, record.step)
         self.train.flush()
 
     def log_eval(self, step: int, eval_loss: float) -> None:

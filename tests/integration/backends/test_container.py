@@ -38,6 +38,7 @@ from weightstream.backends.kubernetes.manifests import ClusterConfig, job_manife
 from weightstream.backends.kubernetes.security import TOKEN_FILE
 from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
+from weightstream.training.events import JobEvent, RunningEvent
 from weightstream.training.runner import JobRunner
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]  # ~80 s: builds the image
@@ -235,8 +236,8 @@ def test_generated_pods_train_a_two_worker_job(image: str, tmp_path: Path) -> No
     old_umask = os.umask(0)
     seen: dict[str, Any] = {}
 
-    def while_running(event: dict[str, Any]) -> None:  # look inside the pods once every role serves
-        if event.get("status") == "running" and not seen:
+    def while_running(event: JobEvent) -> None:  # look inside the pods once every role serves
+        if isinstance(event, RunningEvent) and not seen:
             shard = backend._container(RoleSpec("memoryx", 0))
             seen["inspect"] = json.loads(_podman("inspect", shard).stdout)[0]
             # listening on the pod's IP only: nothing answers on the container's loopback

@@ -304,6 +304,7 @@ def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
     pod deleted mid-run is replaced under the same name, and the job goes on to its last step."""
     from tests.k8s_fake_kubelet import FakeKubelet
     from weightstream.backends.kubernetes import backend as backend_module
+    from weightstream.training.events import JobEvent, RestartEvent, StepEvent
     from weightstream.training.runner import JobRunner
 
     kubelet = FakeKubelet(fake, tmp_path)
@@ -318,12 +319,12 @@ def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
     backend = KubernetesBackend(
         "job1", params, ClusterConfig(), api=api, on_progress=progress.append, poll_s=0.1
     )
-    events: list[dict[str, Any]] = []
+    events: list[JobEvent] = []
     deleted = threading.Event()
 
-    def on_event(event: dict[str, Any]) -> None:
+    def on_event(event: JobEvent) -> None:
         events.append(event)
-        if event["event"] == "step" and event["step"] == 10 and not deleted.is_set():
+        if isinstance(event, StepEvent) and event.record.step == 10 and not deleted.is_set():
             deleted.set()
             fake.delete_pod(f"ws-job1-{role.name}", grace_s=grace_s)
 
@@ -334,6 +335,6 @@ def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
         kubelet.close()
     assert summary.final_step == 30 and deleted.is_set()
     assert f"replacing {role.name} (pod ws-job1-{role.name})" in progress
-    [restart] = [e for e in events if e["event"] == "restart"]
-    assert restart["role"] == role.name and restart["reason"].endswith("deleted")  # or "being deleted"
+    [restart] = [e for e in events if isinstance(e, RestartEvent)]
+    assert restart.role == role.name and restart.reason.endswith("deleted")  # or "being deleted"
     assert fake.objects == {}

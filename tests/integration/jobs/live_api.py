@@ -18,7 +18,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from weightstream.jobs.grpc_api import CoordinatorServer, serve_grpc
 from weightstream.jobs.service import JobService, RunnerFactory, ServiceConfig
 from weightstream.jobs.store import Job
 from weightstream.params import Params
+from weightstream.training.events import EventSink
 from weightstream.training.runner import RunSummary
 
 __all__ = [
@@ -63,7 +63,7 @@ def free_port() -> int:
 class CheckpointingRunner:
     """Succeeds at once, leaving a log, one step of metrics and checkpoint_1 in the job's model_dir."""
 
-    def __init__(self, job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, job: Job, params: Params, on_event: EventSink) -> None:
         self.model_dir = Path(job.model_dir)
 
     def run(self) -> RunSummary:

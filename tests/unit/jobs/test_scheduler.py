@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from tests.integration.appliance import TINY
 from weightstream.jobs.service import CapacityError, JobService, ServiceConfig
 from weightstream.jobs.store import Job, JobStore
 from weightstream.params import Params, load_params
+from weightstream.training.events import EventSink
 from weightstream.training.runner import JobCancelled, JobFailed, RunSummary
 
 
@@ -76,7 +76,7 @@ class Fleet:
         self.instant: set[str] = set()
         self.broken: set[str] = set()
 
-    def __call__(self, job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]) -> FakeRunner:
+    def __call__(self, job: Job, params: Params, on_event: EventSink) -> FakeRunner:
         name = job.labels["name"]
         if name in self.broken:
             raise RuntimeError(f"no backend for {name}")
@@ -317,7 +317,7 @@ def test_shutdown_requeues_a_job_whose_runner_does_not_wind_down(tmp_path: Path)
 
     made: list[Deaf] = []
 
-    def factory(job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]) -> Deaf:
+    def factory(job: Job, params: Params, on_event: EventSink) -> Deaf:
         made.append(Deaf(job))
         return made[-1]
 
@@ -353,9 +353,7 @@ def test_a_cancel_whose_roles_fail_to_stop_still_cancels(harness: Callable[..., 
             raise RuntimeError("dictionary changed size during iteration")
 
     class RacyFleet(Fleet):
-        def __call__(
-            self, job: Job, params: Params, on_event: Callable[[dict[str, Any]], None]
-        ) -> FakeRunner:
+        def __call__(self, job: Job, params: Params, on_event: EventSink) -> FakeRunner:
             self.started.append(job.labels["name"])
             self.runners[job.labels["name"]] = runner = Racy(job)
             return runner

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -58,3 +59,62 @@ def test_metrics_skip_the_line_a_job_is_still_writing(tmp_path: Path) -> None:
         }
     finally:
         service.shutdown()
+
+
+def test_a_runners_events_are_stored_as_the_apis_send_them(tmp_path: Path) -> None:
+    """The runner's typed events leave the process here: each stored under its kind (its own phases as
+    ``progress``, beside the backend's placement) with its ``data()`` as the event's data; a non-finite
+    number (a diverged loss) as null."""
+    from weightstream.jobs.store import Job
+    from weightstream.params import Params
+    from weightstream.training.events import EventSink, RestartEvent, StartingEvent, StepEvent
+    from weightstream.training.records import StepRecord
+    from weightstream.training.runner import RunSummary
+
+    record = StepRecord(1, float("nan"), 0.0, 0.5, 16, 0.25, 0.0, 0.125, 0.0625, 1024, 2048)
+    emitted = [
+        StartingEvent(roles={"memoryx": 2, "worker": 1}),
+        StepEvent(record, tokens_per_second=64.0, max_steps=4),
+        RestartEvent("worker-0", "worker", 2, "worker-0 was killed", restarts=1, max_role_restarts=50),
+    ]
+
+    class Emitting:
+        def __init__(self, job: Job, params: Params, on_event: EventSink) -> None:
+            self.model_dir, self.on_event = Path(job.model_dir), on_event
+
+        def run(self) -> RunSummary:
+            for event in emitted:
+                self.on_event(event)
+            return RunSummary(1, 0, 1, None, None, None, 0.0)
+
+        def cancel(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=Emitting)
+    try:
+        job = service.submit(dict(TINY), num_csx=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not service.is_terminal(job.id):
+            time.sleep(0.05)
+        assert service.store.get(job.id).status == "succeeded"
+        stored = [(e["kind"], json.dumps(e["data"])) for e in service.store.events(job.id)]
+    finally:
+        service.shutdown()
+    assert [s for s in stored if s[0] != "status"] == [
+        ("progress", '{"status": "starting", "roles": {"memoryx": 2, "worker": 1}}'),
+        (
+            "step",
+            '{"step": 1, "loss": null, "learning_rate": 0.0, "grad_norm": 0.5, "step_time_s": 0.25, '
+            '"worker_wait_s": 0.0, "worker_compute_s": 0.125, "update_s": 0.0625, '
+            '"worker_peak_rss_bytes": 1024, "worker_wire_bytes": 2048, "tokens_per_second": 64.0, '
+            '"max_steps": 4}',
+        ),
+        (
+            "restart",
+            '{"role": "worker-0", "role_kind": "worker", "step": 2, "reason": "worker-0 was killed", '
+            '"restarts": 1, "max_role_restarts": 50}',
+        ),
+    ]

@@ -14,6 +14,7 @@ import pytest
 from weightstream.numerics.optim import OptimizerConfig, SchedulePiece
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.training.divergence import TrainingDiverged
+from weightstream.training.errors import RoleFault
 from weightstream.training.stepping import StepDriver
 
 OPT = OptimizerConfig("adamw", (SchedulePiece("Constant", 1e-3, 1e-3, 1 << 62),), max_gradient_norm=1.0)
@@ -31,6 +32,7 @@ class RecordingRoles:
             int, bool
         ] = {}  # step s -> GradNormSq(s) asked for before RunStep(s) ended
         self.sq_sum, self.wait_s, self.norm_wait_s = sq_sum, wait_s, norm_wait_s
+        self.update_fails = False  # ApplyUpdate raises RoleFault (a shard lost during the update)
         self._lock = threading.Lock()
         self._runstep: dict[int, threading.Event] = {}
         self._norm: dict[int, threading.Event] = {}
@@ -55,6 +57,8 @@ class RecordingRoles:
             self.sent_ahead[request.step] = self._event(request.step + 1).wait(self.wait_s)
             return [pb.NormReply(sq_sum=self.sq_sum)]
         assert method == "ApplyUpdate", method
+        if self.update_fails:
+            raise RoleFault("memoryx-0 died")
         return [pb.Ack()]
 
 
@@ -65,7 +69,7 @@ def test_the_next_steps_runstep_is_sent_before_this_steps_gradient_norm() -> Non
         roles.wait_s = 5.0 if step < 2 else 0.0  # no step 4 to wait for after step 3
         record = driver.step(step, next_is_step=step < 2)
         driver.committed()
-        assert record["step"] == step + 1 and record["grad_norm"] == 2.0
+        assert record.step == step + 1 and record.grad_norm == 2.0
     # the workers were asked for steps 1 and 2 while steps 0 and 1's norms were still being computed
     assert roles.sent_ahead == {0: True, 1: True, 2: False}
     assert driver.overlapped == 2
@@ -94,7 +98,7 @@ def test_the_gradient_norm_is_asked_for_while_the_workers_still_run_the_step() -
         roles.wait_s = 5.0 if step < 1 else 0.0
         record = driver.step(step, next_is_step=step < 1)  # step 1 sent ahead, step 2 not
         driver.committed()
-        assert record["grad_norm"] == 2.0
+        assert record.grad_norm == 2.0
     assert roles.norm_during_step == {0: True, 1: True, 2: True}
     assert driver.overlapped == 1
 
@@ -105,4 +109,24 @@ def test_a_diverged_step_applies_no_update() -> None:
     with pytest.raises(TrainingDiverged, match="step 1: the gradient norm is inf"):
         driver.step(0, next_is_step=True)
     assert ("ApplyUpdate", 0) not in roles.calls
-    assert driver.applying is None
+    assert driver.interrupted() is None  # no update was in flight
+
+
+def test_a_fault_during_the_update_hands_its_step_to_recovery_once() -> None:
+    """The update may have landed on every shard: ``interrupted`` returns the step's record (its times
+    still 0: the step never finished), then nothing; the RunStep sent ahead belongs to the configuration
+    being replaced, so the next step sends its own."""
+    roles = RecordingRoles()
+    driver = StepDriver(roles, OPT)  # type: ignore[arg-type]
+    roles.update_fails = True
+    with pytest.raises(RoleFault):
+        driver.step(0, next_is_step=True)
+    record = driver.interrupted()
+    assert record is not None and (record.step, record.loss, record.tokens) == (1, 2.5, 16)
+    assert record.step_time_s == record.update_s == 0.0
+    assert driver.interrupted() is None
+    roles.update_fails = False
+    driver.step(1, next_is_step=False)
+    assert driver.overlapped == 0
+    roles._pool.shutdown(wait=True)  # every call made, the one sent ahead included
+    assert [s for m, s in roles.calls if m == "RunStep"] == [0, 1, 1]  # sent ahead, then its own
