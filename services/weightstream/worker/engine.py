@@ -4,19 +4,19 @@ The worker holds at most two units' weights (the one computing and the next, pre
 background) and its own activations. Activations: while the memory budget allows, a unit keeps what its
 backward needs; past the budget it keeps only its input and recomputes its forward in backward with the
 weights that stream in again anyway. So memory does not grow with the model's size, only with depth by
-one input activation per unit. No gRPC here: weights and batches come through small interfaces.
+one input activation per unit. Who holds a unit's weights, and until when, is ``units.py``'s: the step
+here only reads the unit it is lent. No gRPC here: weights and batches come through small interfaces.
 """
 
 from __future__ import annotations
 
 import resource
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -25,14 +25,14 @@ from weightstream.numerics.dropout import dropout_scope
 from weightstream.numerics.layers import cross_entropy_backward, cross_entropy_forward
 from weightstream.numerics.model import accumulate_grads
 from weightstream.transport.errors import RoleClosedError
+from weightstream.worker.units import GradientPushes, LentUnit, Tensors, UnitStream, WaitClock
 
-__all__ = ["BatchSource", "StepOutcome", "UnitSource", "WorkerEngine"]
+__all__ = ["BatchSource", "StepOutcome", "Tensors", "UnitSource", "WorkerEngine"]
 
 FORWARD, BACKWARD, EVAL = 0, 1, 2
-# Gradients of at most this many units are on their way up while backward goes on: one is enough to
-# overlap the reduction of unit l with the backward of unit l-1, and keeps the worker's memory flat.
-_PUSHES_IN_FLIGHT = 1
-Tensors = dict[str, np.ndarray]
+# A step's tensor per micro-batch as it flows: the inputs, each unit's outputs in forward, the logits, then
+# in backward the gradients with respect to each unit's outputs (None past the first unit: ids have none)
+Flow = list[np.ndarray | None]
 
 
 class UnitSource(Protocol):
@@ -130,36 +130,16 @@ class WorkerEngine:
                 raise self._closed_error() from e
             raise
 
+    def _fetcher(self, step: int, phase: int) -> Callable[[int], Future[Tensors]]:
+        return lambda unit: self._fetch.submit(self.units.get_unit, step, unit, phase)
+
     def _stream(
-        self,
-        step: int,
-        order: list[int],
-        phase: int,
-        clock: list[float],
-        started: Iterable[Future[Tensors]] = (),
-    ) -> Iterator[tuple[int, Tensors]]:
-        """Yield (unit, weights) in ``order``, fetching the next unit while the caller computes this one.
-        ``started``: the fetches of ``order[0]``, ``order[1]``, ... already under way (at most two)."""
-        pending = deque(started)  # a future holds its result: once popped, only ``params`` may
-        del started  # nor may the caller's list, or a unit would outlive its use
-        asked = len(pending)  # units of ``order`` asked for so far
-
-        def ask() -> None:
-            nonlocal asked
-            pending.append(self._fetch.submit(self.units.get_unit, step, order[asked], phase))
-            asked += 1
-
-        if not pending:
-            ask()
-        for u in order:
-            self._check_open()
-            t0 = time.perf_counter()
-            params = pending.popleft().result()
-            clock[0] += time.perf_counter() - t0
-            if not pending and asked < len(order):
-                ask()
-            yield u, params
-            del params  # at most this unit and the prefetched next one are alive
+        self, step: int, phase: int, order: Sequence[int], clock: WaitClock, opening: int = 1, keep: int = 0
+    ) -> UnitStream:
+        """The units of ``order`` for one pass of step ``step``, each fetched while the one before it
+        computes (see ``UnitStream``)."""
+        fetch = self._fetcher(step, phase)
+        return UnitStream(fetch, order, clock, self._check_open, opening=opening, keep=keep)
 
     def run_step(self, step: int) -> StepOutcome:
         """Forward and backward of this worker's shard of step ``step``.
@@ -171,97 +151,104 @@ class WorkerEngine:
 
     def _run_step(self, step: int) -> StepOutcome:
         t_start = time.perf_counter()
-        wait = [0.0]
+        clock = WaitClock()
+        n_units = len(self.model.units)
         # the first units' weights are asked for first: at a step's start they wait for MemoryX to update
         # them, and the batch arrives meanwhile. Units 0 and 1 at once: asked for only once unit 0 was
         # here, unit 1's round trip through SwarmX and MemoryX was a wait every step (~7 ms at GPT-2
-        # d512/L4, its update long done); the two are the most the stream holds anyway
-        n_units = len(self.model.units)
-        opening = [self._fetch.submit(self.units.get_unit, step, u, FORWARD) for u in range(min(2, n_units))]
+        # d512/L4, its update long done); the two are the most the stream holds anyway. The last unit of
+        # forward is the first of backward: kept rather than fetched again (pipelined: every unit, one
+        # transfer per unit per step)
+        keep = n_units if self.pipelined else 1
+        with self._stream(step, FORWARD, range(n_units), clock, opening=2, keep=keep) as forward:
+            shard = self._shard(step)
+            flow, saved = self._forward(forward, shard)
+            # backward's first streamed unit is asked for now and arrives during the loss: asked for only
+            # when backward reached it, its whole fetch was a wait every step
+            backward = forward.reverse(self._fetcher(step, BACKWARD))
+        with backward:
+            loss = self._loss(flow, shard)
+            self._backward(backward, shard, saved, flow, clock)
+        elapsed = time.perf_counter() - t_start
+        tokens = int(np.count_nonzero(shard.targets >= 0))
+        return StepOutcome(
+            loss, tokens, elapsed - clock.seconds, clock.seconds, peak_rss_bytes(), saved.recomputed
+        )
+
+    def _shard(self, step: int) -> _Shard:
         # denom: the global batch's loss denominator (counted tokens: the shard alone cannot tell them)
         x, y, denom = self.batches.get("train", step, self.index, self.num_workers)
         m = self.micro_batch or len(x)
-        xs = [x[i : i + m] for i in range(0, len(x), m)]  # micro-batches: [m, ...] each
-        ys = [y[i : i + m] for i in range(0, len(y), m)]
-        first = [self.index * len(x) + i for i in range(0, len(x), m)]  # global index of each one's row 0
-        inputs: list[list[np.ndarray]] = []
-        saved: list[list[Any]] = []
-        resident: dict[int, Tensors] = {}
-        kept = self.weight_bytes
-        last_params: Tensors = {}
-        forward = self._stream(step, list(range(n_units)), FORWARD, wait, opening)
-        del opening  # the generator has them (a future holds its result: a unit must not live on here)
-        for u, params in forward:
-            if u == n_units - 1:
-                last_params = params
-            if self.pipelined:  # keep the weights for backward: one transfer per unit per step
-                resident[u] = params
-            inputs.append(xs)
-            kept += nbytes(xs)
-            saved.append([])
-            outs = []
-            for k, xk in enumerate(xs):
-                with dropout_scope(self.seed, step, first[k]):  # this micro-batch's global samples
-                    out, s = self.model.units[u].forward(params, xk)
-                size = nbytes(s)
-                keep = self.budget is None or kept + size <= self.budget
-                saved[u].append(s if keep else None)  # None: recompute in backward from the input
-                kept += size if keep else 0
-                outs.append(out)
-            xs = outs
-            del params  # before the stream resumes: only this unit's successor and the next-but-one alive
-        order = list(reversed(range(n_units)))
-        # backward's first streamed unit (the last one of forward is kept) is fetched during the loss: asked
-        # for only when backward reaches it, its whole fetch was a wait every step
-        ahead = None
-        if not self.pipelined and n_units > 1:
-            ahead = self._fetch.submit(self.units.get_unit, step, order[1], BACKWARD)
+        return _Shard(
+            step=step,
+            inputs=[x[i : i + m] for i in range(0, len(x), m)],  # micro-batches: [m, ...] each
+            targets_by_micro=[y[i : i + m] for i in range(0, len(y), m)],
+            first=[self.index * len(x) + i for i in range(0, len(x), m)],
+            targets=y,
+            denom=denom,
+        )
+
+    def _forward(self, units: UnitStream, shard: _Shard) -> tuple[Flow, _Saved]:
+        """(the logits of each micro-batch, what backward needs of forward) of this worker's shard."""
+        flow: Flow = list(shard.inputs)
+        saved = _Saved(self.budget, self.weight_bytes)
+        for unit in units:
+            for k, x in enumerate(saved.add_inputs(flow)):
+                with dropout_scope(self.seed, shard.step, shard.first[k]):  # this micro-batch's samples
+                    flow[k], acts = self.model.units[unit.index].forward(unit.params, x)
+                saved.add(acts)
+        return flow, saved
+
+    def _loss(self, flow: Flow, shard: _Shard) -> float:
+        """This worker's share of the global mean loss; turns ``flow`` from the logits of each micro-batch
+        into the loss's gradients with respect to them. The softmax, then the gradient, are written over
+        the logits: no vocabulary-sized buffer of the loss's own."""
         loss = 0.0
-        dys: list[np.ndarray | None] = []
-        for xk, yk in zip(xs, ys, strict=True):
-            part, ce = cross_entropy_forward(xk, yk, denom, in_place=True)
+        for k, targets in enumerate(shard.targets_by_micro):
+            logits = flow[k]
+            assert logits is not None
+            part, ce = cross_entropy_forward(logits, targets, shard.denom, in_place=True)
             loss += part
-            dys.append(cross_entropy_backward(ce, xk.shape))
-        del xs, ce
-        pushes: deque[Future[None]] = deque()
-        recomputed = 0
-        if self.pipelined:
-            units: Iterable[tuple[int, Tensors]] = ((u, resident.pop(u)) for u in order)
-        else:  # the last unit of forward is the first of backward: keep it rather than fetch it again
-            rest = self._stream(step, order[1:], BACKWARD, wait, [ahead]) if ahead is not None else iter(())
-            units = _kept_then_streamed(order[0], last_params, rest)
-        del last_params, ahead  # the generators hold them until backward has used them, and no longer
-        for u, params in units:
-            unit = self.model.units[u]
-            total: Tensors = {}
-            for k in range(len(dys)):
-                s = saved[u][k]
-                if s is None:  # recomputed under the forward's scope: the same dropout masks
-                    with dropout_scope(self.seed, step, first[k]):
-                        _, s = unit.forward(params, inputs[u][k])
-                    recomputed += 1
-                dy = dys[k]
-                assert dy is not None
-                dys[k], grads = unit.backward(params, s, dy)
-                saved[u][k] = None
-                if total:
-                    accumulate_grads(total, grads)
-                else:
-                    total = grads
-            inputs[u] = []
-            if len(pushes) >= _PUSHES_IN_FLIGHT:  # back-pressure: gradients must not pile up in memory
-                t0 = time.perf_counter()
-                pushes.popleft().result()
-                wait[0] += time.perf_counter() - t0
-            pushes.append(self._push.submit(self.units.push_grads, step, u, total))
-            del total, grads, params
-        t0 = time.perf_counter()
-        for f in pushes:
-            f.result()
-        wait[0] += time.perf_counter() - t0
-        elapsed = time.perf_counter() - t_start
-        tokens = int(np.count_nonzero(y >= 0))
-        return StepOutcome(loss, tokens, elapsed - wait[0], wait[0], peak_rss_bytes(), recomputed)
+            flow[k] = cross_entropy_backward(ce, logits.shape)
+        return loss
+
+    def _backward(
+        self, units: UnitStream, shard: _Shard, saved: _Saved, flow: Flow, clock: WaitClock
+    ) -> None:
+        """Every unit's gradient pushed up, in ``units``' order; returns once the last one is up."""
+        step = shard.step
+        pushes = GradientPushes(
+            lambda u, grads: self._push.submit(self.units.push_grads, step, u, grads), clock
+        )
+        for unit in units:
+            # straight into the push: a name here would hold a unit's gradients through the next backward
+            pushes.push(unit.index, self._unit_backward(unit, shard, saved, flow))
+        pushes.drain()
+
+    def _unit_backward(self, unit: LentUnit, shard: _Shard, saved: _Saved, flow: Flow) -> Tensors:
+        """Gradient of ``unit``'s parameters, summed over micro-batches in order; turns ``flow`` from the
+        gradients of its outputs into those of its inputs, and lets go of what forward saved for it."""
+        layer = self.model.units[unit.index]
+        total: Tensors = {}
+        for k in range(len(flow)):
+            acts = saved.take(unit.index, k)
+            if acts is None:  # recomputed under the forward's scope: the same dropout masks
+                acts = self._recompute(unit, shard, saved, k)
+            dy = flow[k]
+            assert dy is not None
+            flow[k], grads = layer.backward(unit.params, acts, dy)
+            if total:
+                accumulate_grads(total, grads)
+            else:
+                total = grads
+        saved.drop_inputs(unit.index)
+        return total
+
+    def _recompute(self, unit: LentUnit, shard: _Shard, saved: _Saved, micro: int) -> Any:
+        """The activations of (``unit``, ``micro``) that the budget did not keep, from its kept input."""
+        saved.recomputed += 1
+        with dropout_scope(self.seed, shard.step, shard.first[micro]):
+            return self.model.units[unit.index].forward(unit.params, saved.inputs[unit.index][micro])[1]
 
     def evaluate(self, step: int, num_batches: int) -> float:
         """Sum over ``num_batches`` eval batches of this worker's share of each batch's mean loss.
@@ -270,23 +257,58 @@ class WorkerEngine:
             return self._evaluate(step, num_batches)
 
     def _evaluate(self, step: int, num_batches: int) -> float:
-        wait = [0.0]
         batches = [self.batches.get("eval", b, self.index, self.num_workers) for b in range(num_batches)]
         xs = [b[0] for b in batches]  # batches: (inputs, targets, global loss denominator) each
-        for u, params in self._stream(step, list(range(len(self.model.units))), EVAL, wait):
-            xs = [self.model.units[u].forward(params, x)[0] for x in xs]
-            del params
+        with self._stream(step, EVAL, range(len(self.model.units)), WaitClock()) as units:
+            for unit in units:
+                xs = [self.model.units[unit.index].forward(unit.params, x)[0] for x in xs]
         return sum(
             cross_entropy_forward(x, y, denom, in_place=True)[0]
             for x, (_, y, denom) in zip(xs, batches, strict=True)
         )
 
 
-def _kept_then_streamed(
-    unit: int, params: Tensors, rest: Iterator[tuple[int, Tensors]]
-) -> Iterator[tuple[int, Tensors]]:
-    """The unit kept from forward, then the streamed rest; lets go of the kept unit once it is used (a
-    ``chain`` over a list would hold it through all of backward: one unit more in memory)."""
-    yield unit, params
-    del params
-    yield from rest
+@dataclass(frozen=True)
+class _Shard:
+    """This worker's shard of a step's batch, in micro-batches."""
+
+    step: int
+    inputs: list[np.ndarray]  # the micro-batches' inputs: [m, ...] each
+    targets_by_micro: list[np.ndarray]  # their targets; -1 is padding
+    first: list[int]  # each micro-batch's row 0 as a global sample index: its dropout masks
+    targets: np.ndarray  # the whole shard's
+    denom: float  # the global batch's loss denominator
+
+
+class _Saved:
+    """What forward leaves for backward: each unit's input per micro-batch, and its activations while the
+    memory budget has room for them (past it, None: backward recomputes them from the input). The budget
+    counts the weights first, then inputs and activations in the order forward makes them."""
+
+    def __init__(self, budget: int | None, weight_bytes: int) -> None:
+        self.inputs: list[list[np.ndarray]] = []  # [unit][micro-batch]
+        self._acts: list[list[Any]] = []  # [unit][micro-batch]; None: to be recomputed
+        self._budget, self._bytes = budget, weight_bytes
+        self.recomputed = 0  # (unit, micro-batch) pairs backward recomputed
+
+    def add_inputs(self, xs: Flow) -> list[np.ndarray]:
+        """The next unit's inputs, one per micro-batch (always kept: recompute starts from them)."""
+        self.inputs.append(cast(list[np.ndarray], list(xs)))  # forward's flow holds no None
+        self._acts.append([])
+        self._bytes += nbytes(self.inputs[-1])
+        return self.inputs[-1]
+
+    def add(self, acts: Any) -> None:
+        """The next micro-batch's activations of the unit whose inputs came last, if the budget allows."""
+        size = nbytes(acts)
+        keep = self._budget is None or self._bytes + size <= self._budget
+        self._acts[-1].append(acts if keep else None)
+        self._bytes += size if keep else 0
+
+    def take(self, unit: int, micro: int) -> Any:
+        """The activations kept of (``unit``, ``micro``), let go of here; None: recompute them."""
+        acts, self._acts[unit][micro] = self._acts[unit][micro], None
+        return acts
+
+    def drop_inputs(self, unit: int) -> None:
+        self.inputs[unit] = []

@@ -61,6 +61,12 @@ class FakeUnits:
             weakref.finalize(a, self._freed, key)
         return out
 
+    @property
+    def live(self) -> int:
+        """Units handed out whose arrays are not all freed yet."""
+        with self._lock:
+            return len(self._live)
+
     def _freed(self, key: int) -> None:
         with self._lock:
             self._live[key] -= 1
@@ -313,6 +319,39 @@ def test_streaming_holds_a_few_units_pipelined_holds_all() -> None:
     _, pipelined = run_step(pipelined=True)
     assert streaming.max_live == 2 < L
     assert pipelined.max_live == L
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_step_failing_part_way_lets_go_of_every_unit_it_held(
+    monkeypatch: pytest.MonkeyPatch, pipelined: bool
+) -> None:
+    """A step that fails in its loss lets go of the units it held for backward (the last of forward, or
+    every unit when pipelined) while the error and its traceback are still around, as they are for a
+    caller that logs the error or decides on a retry. Backward's first fetch, on its way, is held back
+    until after the check: it arrives into a step that no longer wants it."""
+    import weightstream.worker.engine as engine_module
+
+    units = FakeUnits(WEIGHTS)
+    arrive = threading.Event()
+    get_unit = units.get_unit
+
+    def unit(step: int, u: int, phase: int) -> Tensors:
+        if phase == BACKWARD:
+            arrive.wait(10)  # set by the test once it has counted the live units
+        return get_unit(step, u, phase)
+
+    def loss(*args: Any, **kw: Any) -> Any:
+        raise FloatingPointError("the loss overflowed")
+
+    units.get_unit = unit  # type: ignore[method-assign]
+    monkeypatch.setattr(engine_module, "cross_entropy_forward", loss)
+    try:
+        with pytest.raises(FloatingPointError) as failed:
+            step_of(units, pipelined=pipelined)
+        assert failed.traceback  # still held
+        assert units.live == 0
+    finally:
+        arrive.set()
 
 
 @pytest.mark.parametrize("index", [0, 1])
