@@ -16,6 +16,7 @@ import contextlib
 import copy
 import multiprocessing.process
 import os
+import platform
 import subprocess
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -27,6 +28,10 @@ import pytest
 # fork_exec or posix_spawn; _posixsubprocess.fork_exec is what multiprocessing.util.spawnv_passfds calls
 # to start a forkserver or a resource tracker (subprocess binds its own reference at import, so patching
 # it here does not reach subprocess).
+# h5py asks ``platform.processor()`` when first imported, which runs ``uname -p`` once and keeps the
+# answer: asked here, before any test, so a unit test that is the first to import h5py starts no process
+platform.processor()
+
 _PROCESS_STARTS: list[tuple[object, str, str]] = [
     (subprocess.Popen, "_execute_child", "subprocess.Popen"),
     (os, "fork", "os.fork"),
