@@ -34,18 +34,21 @@ for address, job in json.load(open(sys.argv[1])).items():
 """
 
 # Reads unit 1 through SwarmX ``repeats`` times, each a new pass (a cache miss upstream), as a worker on
-# another host reads it; prints the monotonic clock (one clock for every host) at its start and end
+# another host reads it (on the network plane, with a bulk endpoint of its own, as roles run); prints the
+# monotonic clock (one clock for every host) at its start and end
 READER = """
-import json, sys, time
+import json, socket, sys, time
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.transport.plane import NETWORK
+from weightstream.transport import bulk
+from weightstream.transport.plane import NETWORK, NetworkPlane
 from weightstream.transport.rpc import open_channel, tensors_out_client
-from weightstream.transport.tensors import read_messages
 token, (address, repeats) = sys.stdin.readline().strip(), sys.argv[1:]
+bulk.start(socket.gethostbyname(socket.gethostname()), token)
 get = tensors_out_client(open_channel(address, token, plane=NETWORK), "SwarmX", "GetUnit", pb.UnitRequest)
+plane, peer = NetworkPlane(), bulk.host_of_address(address)
 t0 = time.monotonic()
 for i in range(int(repeats)):
-    read_messages(get(pb.UnitRequest(step=0, unit=1, phase=100 + i)), None)
+    plane.read(get(pb.UnitRequest(step=0, unit=1, phase=100 + i)), peer=peer)
 sys.stdout.write(json.dumps({"t0": t0, "t1": time.monotonic()}) + "\\n")
 """
 

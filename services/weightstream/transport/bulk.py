@@ -57,6 +57,7 @@ MAGIC = b"WSB1"
 _LEN = struct.Struct("<Q")
 GONE = (1 << 64) - 1  # the answer for an id the outbox does not hold (fetched, let go, expired, never)
 MAX_CONNECTIONS = 256  # readers connected at once
+MAX_IDLE = 64  # connections a fetcher keeps open between fetches
 AUTH_TIMEOUT_S = 10.0  # a connection that does not say who it is by then is closed
 _FILL_CHUNK = 1 << 20  # a relay makes what has arrived servable in pieces of this size: its cut-through
 _IOV = 512  # pieces per sendmsg (Linux allows 1024)
@@ -209,8 +210,10 @@ class BulkFetcher:
     ) -> None:
         where = (host, port)
         with self._lock:
-            idle = self._idle.get(where)
+            idle = self._idle.pop(where, [])  # back in at the end: the dict's order is the peers' recency
             sock = idle.pop() if idle else None
+            if idle:
+                self._idle[where] = idle
         reused = sock is not None
         try:
             if sock is None:
@@ -252,6 +255,18 @@ class BulkFetcher:
             self._idle.setdefault(where, []).append(sock)
             self.fetched[0] += 1
             self.fetched[1] += len(out)
+            stale = self._trim()
+        for old in stale:
+            _close(old)
+
+    def _trim(self) -> list[socket.socket]:
+        """Sockets beyond ``MAX_IDLE`` kept ones, the peers used longest ago first: roles replaced after a
+        fault leave kept connections to servers that are gone."""
+        stale: list[socket.socket] = []
+        while sum(len(v) for v in self._idle.values()) > MAX_IDLE:
+            oldest = next(iter(self._idle))
+            stale.extend(self._idle.pop(oldest))
+        return stale
 
     def fill(self, host: str, port: int, key: bytes, into: Filling, timeout_s: float) -> None:
         """Transfer ``key`` into ``into`` piece by piece, each piece servable as soon as it is in (a

@@ -248,3 +248,23 @@ def test_a_relay_passes_on_each_piece_before_the_rest_has_reached_it(endpoint: b
         upstream.advance(total - upstream.filled)  # whatever happened, the relay's fetch ends
         filler.join(timeout=30)
     assert not filler.is_alive()
+
+
+def test_a_fetcher_keeps_a_bounded_number_of_connections_the_most_recent_peers_first(
+    endpoint: bulk.BulkEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulk, "MAX_IDLE", 2)
+    others = [bulk.BulkServer(HOST, TOKEN, bulk.Outbox()) for _ in range(3)]
+    fetcher = bulk.BulkFetcher(TOKEN)
+    try:
+        for server in [*others, others[0]]:  # the first peer again: now the most recent
+            key = server.outbox.offer([memoryview(b"abc")])
+            assert key is not None
+            fetcher.fetch(HOST, server.port, key, memoryview(bytearray(3)), 10)
+        kept = fetcher._idle
+        assert sum(len(v) for v in kept.values()) == 2
+        assert list(kept) == [(HOST, others[2].port), (HOST, others[0].port)]
+    finally:
+        fetcher.close()
+        for server in others:
+            server.close()
