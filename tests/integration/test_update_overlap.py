@@ -1,4 +1,4 @@
-"""The next step's forward overlaps the current step's update (training/stepping.py, memoryx/shard.py)
+"""The next step's forward overlaps the current step's update (training/stepping.py, memoryx/update.py)
 without changing a bit: at num_csx 1 with one MemoryX shard the appliance sums and updates in exactly the
 reference trainer's order, which has no overlap, so its losses and weights are the reference's bit for
 bit."""

@@ -207,7 +207,7 @@ def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes
 def test_a_helper_thread_takes_half_of_a_large_update_and_the_bits_are_those_of_one_pass(
     kind: str, rng
 ) -> None:
-    """MemoryX updates the first unit's tensors on two cores (``helper``, memoryx/shard.py): every element
+    """MemoryX updates the first unit's tensors on two cores (``helper``, memoryx/update.py): every element
     is computed alone, so the two halves' bits must be one pass's, signed zeros and non-finite values
     included. A tensor below SPLIT_UPDATE is not handed over (the handover would cost what it saves)."""
     cfg = OptimizerConfig(kind=kind, schedule=(), weight_decay=0.01)

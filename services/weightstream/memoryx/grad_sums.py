@@ -1,6 +1,6 @@
 """A MemoryX shard's arithmetic on a step's gradients: a tied tensor's parts added in unit order, and a
 gradient's sum of squares in float64. Both run the same way in every store and on any thread, so the
-bits do not depend on where or when they run (memoryx/shard.py runs them early, in the background)."""
+bits do not depend on where or when they run (memoryx/gradients.py runs them early, in the background)."""
 
 from __future__ import annotations
 

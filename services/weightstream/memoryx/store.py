@@ -9,6 +9,11 @@ and offer the same operations; the shard's logic is written once against them:
   back the ones it names. Elementwise float32 arithmetic does not depend on how an array is cut into
   blocks, so the disk store's results are bitwise those of the memory store.
 
+Where the two differ in what the shard may do with them, the store says so itself rather than the shard
+asking which store it has: ``resident`` (arrays in this process, so another thread may sum them),
+``arena`` (weights in memfds that co-located workers map), ``recycle`` (a buffer wanted again next step:
+kept in RAM, its file freed on disk) and ``log_io`` (what a step cost the disk).
+
 ``DiskStore`` uses plain ``pread``/``pwrite`` on one file per tensor, never ``mmap``: what a shard holds
 resident is then its block buffers and the tensors it is sending or receiving, whatever the model's size,
 and the kernel's page cache (reclaimable, not counted in any process's resident memory) does the caching.
@@ -19,6 +24,7 @@ recovers from its last checkpoint or recovery snapshot, which are written durabl
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -38,9 +44,18 @@ __all__ = ["BLOCK_ELEMENTS", "DiskStore", "MemoryStore", "TensorStore"]
 BLOCK_ELEMENTS = 1 << 22
 _F32 = np.dtype(np.float32)
 
+log = logging.getLogger("weightstream.memoryx")
+
 
 class TensorStore(ABC):
     """Flat float32 tensors by key. Shapes are the caller's business: ``get`` returns ``shape``d arrays."""
+
+    # Whether ``get`` and ``blocks`` give views of arrays held in this process, which stay valid while
+    # another thread reads them and cost no I/O: then a shard sums gradients in the background.
+    resident: bool = False
+    # the memfds the weights live in, which co-located workers map instead of receiving copies; also where
+    # a shard keeps its sparse tensors' indexes (None: the weights are sent as bytes)
+    arena: SharedArena | None = None
 
     def __init__(self) -> None:
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -73,11 +88,23 @@ class TensorStore(ABC):
     @abstractmethod
     def drop(self, key: str) -> None: ...
 
+    @abstractmethod
+    def recycle(self, key: str) -> None:
+        """Done with ``key`` (if it exists) for this step, but a tensor of that shape is wanted there again
+        next step (a tied tensor's summed gradient): the memory store keeps the array (no new allocation
+        next step), the disk store frees its file (its disk is needed more)."""
+
+    @abstractmethod
+    def log_io(self, step: int) -> None:
+        """Log what the store has cost the disk so far, after update ``step`` (1-based)."""
+
     def close(self) -> None:
         self.shapes.clear()
 
 
 class MemoryStore(TensorStore):
+    resident = True
+
     def __init__(self, arena: SharedArena | None = None, shared: Collection[str] = ()) -> None:
         """With ``arena``, the tensors ``shared`` (the weights) live in memfds of their own, which
         co-located workers map instead of receiving copies (transport/shm.py)."""
@@ -121,6 +148,12 @@ class MemoryStore(TensorStore):
         self._release(key)
         self.arrays.pop(key, None)
         self.shapes.pop(key, None)
+
+    def recycle(self, key: str) -> None:
+        pass  # kept: the next step's sum is written over it (grad_sums.add_parts)
+
+    def log_io(self, step: int) -> None:
+        pass  # no disk
 
     def close(self) -> None:
         super().close()
@@ -200,6 +233,20 @@ class DiskStore(TensorStore):
         if fd is not None:
             os.close(fd)
             self._path(key).unlink(missing_ok=True)  # frees its disk at once (a gradient: every step)
+
+    def recycle(self, key: str) -> None:
+        self.drop(key)
+
+    def log_io(self, step: int) -> None:
+        # the format is read back by bench/beyond_ram.py
+        log.info(
+            "step %d applied: disk read %d B, written %d B, %.3f s in I/O (totals), %d B on disk",
+            step,
+            self.bytes_read,
+            self.bytes_written,
+            self.io_seconds,
+            self.disk_bytes(),
+        )
 
     def close(self) -> None:
         for key in list(self._fds):

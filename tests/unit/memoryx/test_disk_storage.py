@@ -4,6 +4,7 @@ checkpoint files. The end-to-end bitwise comparison with memory mode is in tests
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from weightstream.memoryx.store import DiskStore, MemoryStore
 from weightstream.numerics.optim import SUM_BLOCK, add_sq_sum, grad_sq_sum
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec, make_plan
+from weightstream.transport.shm import SharedArena
 
 
 def test_disk_store_keeps_tensors_in_files_and_zeros_as_holes(tmp_path: Path, rng) -> None:
@@ -62,6 +64,27 @@ def test_disk_store_updates_block_by_block_bitwise_as_the_memory_store(
     (mem_a, _), (disk_a, disk_b) = results
     assert np.array_equal(mem_a, disk_a)  # bitwise, whatever the blocks
     assert np.array_equal(disk_b, b)
+
+
+def test_what_the_shard_may_do_with_a_store_the_store_says(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each store answers for itself (no caller asks which it is): whether another thread may sum its
+    arrays, where its weights are shared, what a buffer wanted again next step costs, what the disk did."""
+    arena = SharedArena("store-test")
+    stores = {"memory": MemoryStore(arena, ["w"]), "disk": DiskStore(tmp_path / "d")}
+    assert stores["memory"].resident and not stores["disk"].resident
+    assert stores["memory"].arena is arena and stores["disk"].arena is None
+    for mode, store in stores.items():
+        store.put("w", np.ones(3, np.float32))
+        store.zeros("sum", (5,))
+        store.recycle("sum")
+        store.recycle("never there")
+        assert ("sum" in store) == (mode == "memory"), mode  # kept in RAM; its file freed on disk
+        with caplog.at_level(logging.INFO, logger="weightstream.memoryx"):
+            store.log_io(4)
+        store.close()
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["step 4 applied"]  # the disk's
 
 
 def test_sum_of_squares_read_in_blocks_from_disk_is_bitwise_the_whole_arrays(tmp_path: Path, rng) -> None:

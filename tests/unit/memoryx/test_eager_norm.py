@@ -1,12 +1,12 @@
 """A MemoryX shard in memory mode computes each tensor's sum of squares as soon as its gradient is complete
-(memoryx/shard.py), a tied tensor's parts added first, so the norm at the end of a step only adds what
+(memoryx/gradients.py), a tied tensor's parts added first, so the norm at the end of a step only adds what
 arrived last; its bits are those of the sum over every gradient in the tensors' order, whatever the arrival
 order or the store."""
 
 from __future__ import annotations
 
 import threading
-import time
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,8 @@ def test_each_complete_gradient_is_summed_in_the_background_before_the_norm_is_a
     assert tied  # TINY ties its embedding: one tensor has two units' parts
     grads = _grads(model, 4)
     _feed(shard, 0, grads, list(range(len(model.units))))
-    deadline = time.monotonic() + 10
-    while len(done) < len(users) and time.monotonic() < deadline:  # nobody has asked for the norm yet
-        time.sleep(0.01)
+    running = list(shard.gradients.sq_parts.values())  # nobody has asked for the norm yet
+    assert len(running) == len(users) and not futures.wait(running, timeout=10).not_done
     assert len(done) == len(users) and all(t.startswith("memoryx-norm") for t in done)
     for n in tied:
         want = grads[users[n][0]][n].copy()

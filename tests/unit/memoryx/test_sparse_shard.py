@@ -141,7 +141,7 @@ def test_checkpoint_is_dense_with_masks_and_resumes_bit_exactly(
 ) -> None:
     shard, model, specs = _shard(storage=storage)
     for u, unit in enumerate(model.units):
-        part = {n: rng.standard_normal(shard._shape(n)).astype(np.float32) for n in unit.param_names}
+        part = {n: rng.standard_normal(shard.held.shape(n)).astype(np.float32) for n in unit.param_names}
         shard.add_gradient(0, u, part)
     shard.apply_update(0, lr=1e-2, clip_coef=1.0)
     ckpt = tmp_path / "ckpt"

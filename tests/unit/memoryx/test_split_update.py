@@ -1,5 +1,5 @@
 """A MemoryX shard in memory mode updates the first unit's tensors (the next step's workers wait for them)
-on two cores: its norm thread, idle by then, takes the second half of each large one (memoryx/shard.py,
+on two cores: its norm thread, idle by then, takes the second half of each large one (memoryx/update.py,
 ``optimizer_step``'s ``helper``). The weights and optimizer state must keep the bits of one pass: those of
 a disk-mode shard, which updates every tensor alone."""
 
@@ -33,9 +33,9 @@ def test_the_first_units_large_tensors_are_updated_in_two_halves_with_one_pass_b
     for storage in (None, tmp_path / "disk"):
         shard = MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=10, storage_dir=storage)
         if storage is None:
-            assert shard._norms is not None
-            shard._norms.shutdown()
-            shard._norms = helper = CountingHelper()
+            assert shard.gradients.background is not None
+            shard.gradients.background.shutdown()
+            shard.gradients.background = helper = CountingHelper()
         for step in range(2):
             for u in reversed(range(len(model.units))):
                 shard.add_gradient(step, u, {n: g * (step + 1) for n, g in grads[u].items()})

@@ -129,7 +129,7 @@ def test_a_norm_waiting_in_the_old_generation_gives_up_at_the_reset() -> None:
     t = threading.Thread(target=wait_norm)
     t0 = time.monotonic()
     t.start()
-    time.sleep(0.2)
+    assert shard.progress.wait_for_waiters(1, timeout_s=5), "the norm must wait for the missing gradients"
     shard.reset(1)
     t.join(timeout=5)
     assert time.monotonic() - t0 < 3  # not the 5 s timeout
