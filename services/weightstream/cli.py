@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,13 +16,15 @@ from weightstream import serve_options as limit
 from weightstream.config_cli import KeysOption, KeyView, config_app, print_key_report
 from weightstream.data import DataError
 from weightstream.data.cli import data_preprocess, tokenizer_train
-from weightstream.params import Loaded, Params, ParamsError, model_def, read_params
-from weightstream.params.load import Resolve
+from weightstream.params import Params, ParamsError, model_def, read_params
 from weightstream.params.sparsity import filter_selection
 from weightstream.role_cli import add_role_commands
 from weightstream.serve_cli import no_data_claim, serve
 from weightstream.simulate.cli import simulate
 from weightstream.training.plot import plot
+
+if TYPE_CHECKING:
+    from weightstream.jobs.admission import Admission
 
 app = typer.Typer(
     help="weightstream: a weight-streaming training appliance (MemoryX, SwarmX, CS-2 workers in numpy).",
@@ -44,27 +46,33 @@ CheckpointPath = Annotated[
 ]
 
 
-def _read(path: Path, checks: bool = False, **overrides: Any) -> Loaded:
-    """The params file (either layout) validated, ``max_sequence_length`` of HDF5 inputs read from their
-    files where left out; with ``checks`` (validate and run: one code path), also everything a local run
-    checks before it starts any role (training/preflight.py). Exit 2 listing every problem."""
-    resolve: Resolve
-    if checks:
-        from weightstream.training.preflight import run_checks as resolve
-    else:
-        from weightstream.data.check import resolve_sequence_lengths as resolve
+def _refused(e: ParamsError) -> typer.Exit:
+    err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _admit(path: Path, **overrides: Any) -> Admission:
+    """The params file admitted as ``run`` admits it before it starts any role (jobs/admission.py: the
+    one pipeline of validate, run and the service): every key, the data, the model's size on this
+    machine, the checkpoint it starts from. Exit 2 listing every problem."""
+    from weightstream.jobs.admission import Admission, admit
 
     try:
-        return read_params(
-            path, overrides={k: v for k, v in overrides.items() if v is not None}, resolve=resolve
-        )
+        return admit(Admission.local(path, {k: v for k, v in overrides.items() if v is not None}))
     except ParamsError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _refused(e) from None
 
 
 def _load(path: Path, **overrides: Any) -> Params:
-    return _read(path, **overrides).params
+    """The params file (either layout) validated, ``max_sequence_length`` of HDF5 inputs read from their
+    files where left out. Exit 2 listing every problem."""
+    from weightstream.data.check import resolve_sequence_lengths
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return read_params(path, overrides=given, resolve=resolve_sequence_lengths).params
+    except ParamsError as e:
+        raise _refused(e) from None
 
 
 def _nothing_to_do(p: Params, step: int) -> str:
@@ -94,20 +102,13 @@ def validate(
 ) -> None:
     """Check a params file as `run` does before it starts anything (its data, its size, the checkpoint
     it starts from) without running anything; exit 2 listing every problem."""
-    from weightstream.training.hf_start import check_start_checkpoint
-    from weightstream.training.preflight import finished_step, resume_checkpoint
-
-    loaded = _read(
-        params,
-        checks=True,
-        num_csx=num_csx,
-        checkpoint_path=str(checkpoint_path) if checkpoint_path else None,
+    admitted = _admit(
+        params, num_csx=num_csx, checkpoint_path=str(checkpoint_path) if checkpoint_path else None
     )
-    p, model = loaded.params, model_def(loaded.params)
-    print_key_report(out, loaded.report, keys)
-    if p.runconfig.checkpoint_path is not None and resume_checkpoint(p) is None:  # checked: its notes
-        for note in check_start_checkpoint(p, model, p.runconfig.checkpoint_path):
-            out.print(note, highlight=False)
+    p, model = admitted.params, model_def(admitted.params)
+    print_key_report(out, admitted.loaded.report, keys)
+    for note in admitted.start.notes:  # on the Hugging Face checkpoint it starts from
+        out.print(note, highlight=False)
     for glob, tensors in filter_selection(p, model):  # which weights each sparsity filter made sparse
         kinds = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in tensors})
         line = f"sparsity.param_filter {glob!r}: {len(tensors)} tensors ({', '.join(kinds)})"
@@ -117,7 +118,7 @@ def validate(
         f"{len(model.units)} streamable units, num_csx={p.runconfig.num_csx}, "
         f"max_steps={p.runconfig.max_steps}"
     )
-    done = finished_step(p)
+    done = admitted.start.finished_step
     if done is not None:
         out.print(f"note: run would have {escape(_nothing_to_do(p, done))}", highlight=False, soft_wrap=True)
 
@@ -186,28 +187,26 @@ def run(
     a step of a Slurm job on the node its placement names. Everything `validate` checks is checked first,
     before any role starts."""
     from weightstream.console import run_job  # keeps `--help` fast
-    from weightstream.training.preflight import finished_step
 
     if backend not in ("local", "slurm"):
         err.print(f"[red]error:[/red] --backend must be local or slurm, not {backend!r}")
         raise typer.Exit(2)
-    loaded = _read(
+    admitted = _admit(
         params,
-        checks=True,
         num_csx=num_csx,
         max_steps=max_steps,
         model_dir=str(model_dir) if model_dir else None,
         checkpoint_path=str(checkpoint_path.resolve()) if checkpoint_path else None,
     )
-    print_key_report(out, loaded.report, keys)
-    done = finished_step(loaded.params)
+    print_key_report(out, admitted.loaded.report, keys)
+    done = admitted.start.finished_step
     if done is not None:  # said at once: no role starts, no checkpoint loads
-        out.print(escape(_nothing_to_do(loaded.params, done)), highlight=False, soft_wrap=True)
+        out.print(escape(_nothing_to_do(admitted.params, done)), highlight=False, soft_wrap=True)
         raise typer.Exit(0)
     make_backend = None
     if backend == "slurm":
         make_backend = slurm_options.backend_factory(partition, worker_features, server_features)
-    raise typer.Exit(run_job(loaded.params, out, err, make_backend))
+    raise typer.Exit(run_job(admitted.params, out, err, make_backend))
 
 
 app.command("fit", help="The same as `run`, for hands used to `cszoo fit`.")(run)

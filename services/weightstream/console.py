@@ -83,7 +83,7 @@ class _Committed:
 def run_job(
     params: Params, out: Console, err: Console, make_backend: Callable[[Path], Backend] | None = None
 ) -> int:
-    """Run the job whose params ``training.preflight.run_checks`` has passed (its data, its size, its
+    """Run the job whose params ``jobs.admission.admit`` has passed (its data, its size, its
     checkpoint) on the backend ``make_backend(model_dir / "logs")`` gives (default: local processes);
     returns the process exit code (0 done, 1 failed, 130 interrupted)."""
     rc, cadence = params.runconfig, Cadence.of(params)

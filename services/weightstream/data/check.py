@@ -10,10 +10,11 @@ from weightstream.data.sequence_length import sequence_length
 from weightstream.params import Params, ParamsError, Problem
 from weightstream.params.schema import InputParams, LanguageModelParams
 
-__all__ = ["data_problems", "resolve_sequence_lengths", "with_sequence_lengths"]
+__all__ = ["FILE_PROCESSORS", "data_problems", "resolve_sequence_lengths", "with_sequence_lengths"]
 
 _HDF5 = "GptHDF5MapDataProcessor"
-_FILES = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", _HDF5})
+# the processors that read files from a data_dir (the others generate their data)
+FILE_PROCESSORS = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", _HDF5})
 SECTIONS = ("train_input", "eval_input")
 
 
@@ -68,7 +69,7 @@ def with_sequence_lengths(p: Params) -> Params:
 def _readable(inp: InputParams, p: Params) -> bool:
     """Whether the keys a processor needs are there: a directory for the file readers, a sequence length
     for a language model's."""
-    if inp.data_processor in _FILES and not inp.data_dir and inp.mixture is None:
+    if inp.data_processor in FILE_PROCESSORS and not inp.data_dir and inp.mixture is None:
         return False
     return not (isinstance(p.model, LanguageModelParams) and inp.max_sequence_length is None)
 

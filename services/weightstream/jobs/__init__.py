@@ -6,8 +6,9 @@
   and reprioritise, recover after a restart, requeue on shutdown, answer what a job did); no HTTP or gRPC
   in it. ``config``: what `serve` was told (``ServiceConfig``, the user name jobs are recorded with).
 - ``log_export``: a job's logs as one bounded tar.gz, streamed, read only from its own directory.
-- ``limits`` and ``data_roots``: what a job submitted to the service may ask for and read (the one
-  validation path of REST and gRPC).
+- ``admission``: the checks a job passes before anything of it runs, in one order, each once: the one
+  pipeline of ``weightstream validate``, ``weightstream run`` and the service (REST and gRPC alike).
+  ``limits`` and ``data_roots``: what a job submitted to the service may ask for and read.
 - ``api/``: the REST API (FastAPI), a router per resource; ``grpc_api``: the same service over grpc.aio.
 - ``metrics``: the Prometheus collector.
 

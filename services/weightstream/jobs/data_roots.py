@@ -18,15 +18,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from weightstream.data.check import data_problems
-from weightstream.params import Params, ParamsError, Problem
+from weightstream.params import Params, Problem
 
-__all__ = ["check_data", "confine_data", "default_data_root", "resolve_data_roots", "within"]
+__all__ = ["confine_data", "default_data_root", "resolve_data_roots", "within"]
 
 # what the file data processors read from a data_dir (data/processors.py): the files whose links are checked
 _DATA_FILES = ("*.txt", "*.bin", "*.h5")
 _CHECKPOINT_FILES = ("*.safetensors", "*.json")  # what a starting checkpoint's directory is read for
-_FILE_PROCESSORS = frozenset({"TextFileDataProcessor", "TokenFileDataProcessor", "GptHDF5MapDataProcessor"})
 
 
 def default_data_root(data_dir: Path) -> Path:
@@ -80,8 +78,8 @@ def _confine_one(
     return real
 
 
-def confine_data(p: Params, roots: Sequence[Path]) -> Params:
-    """``p`` with every data path replaced by its real path inside ``roots``; ParamsError naming each
+def confine_data(p: Params, roots: Sequence[Path]) -> tuple[Params, list[Problem]]:
+    """``p`` with every data path replaced by its real path inside ``roots``, and a problem naming each
     field whose path (or a data file in it) is outside them."""
     problems: list[Problem] = []
     updates = {}
@@ -111,15 +109,4 @@ def confine_data(p: Params, roots: Sequence[Path]) -> Params:
     if start is not None:
         real = _confine_one(start, "runconfig.checkpoint_path", roots, problems, _CHECKPOINT_FILES)
         updates["runconfig"] = p.runconfig.model_copy(update={"checkpoint_path": real})
-    if problems:
-        raise ParamsError(problems, "params")
-    return p.model_copy(update=updates)
-
-
-def check_data(p: Params) -> None:
-    """Open the data of file-based inputs as the job will (confined paths only: call ``confine_data``
-    first), so a job with unreadable data is refused now rather than failing later. Synthetic and
-    digits data need nothing: nothing is generated here."""
-    problems = data_problems(p, _FILE_PROCESSORS)
-    if problems:
-        raise ParamsError(problems, "params")
+    return p.model_copy(update=updates), problems

@@ -12,7 +12,7 @@ tokens a step is 1024 sequences of GPT-2's 1024 tokens; a day is long for a nump
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ __all__ = [
     "check_params",
     "check_priority",
     "check_request",
+    "check_tokens",
     "with_service_defaults",
 ]
 
@@ -191,21 +192,7 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
                 "--max-params",
             )
         )
-    for sec, inp in (("train_input", p.train_input), ("eval_input", p.eval_input)):
-        if inp is None:
-            continue
-        tokens = tokens_per_step(inp, m)
-        if tokens > limits.max_tokens_per_step:
-            shape = "batch_size x max_sequence_length" if m.name != "fc_mlp" else "batch_size"
-            problems.append(
-                _over(
-                    f"{sec}.batch_size",
-                    f"a step has {_n(tokens)} tokens ({shape})",
-                    inp.batch_size,
-                    limits.max_tokens_per_step,
-                    "--max-tokens-per-step",
-                )
-            )
+    problems += check_tokens(p, limits)
     if rc.max_steps > limits.max_steps:
         problems.append(
             _over("runconfig.max_steps", "too many steps", rc.max_steps, limits.max_steps, "--max-steps")
@@ -240,6 +227,33 @@ def check_params(p: Params, limits: ServiceLimits) -> list[Problem]:
                 rc.memoryx_dir,
             )
         )
+    return problems
+
+
+def check_tokens(
+    p: Params, limits: ServiceLimits, sections: Iterable[str] = ("train_input", "eval_input")
+) -> list[Problem]:
+    """The tokens a step of each input of ``sections`` trains on, within the limit. An input whose
+    ``max_sequence_length`` is left out counts 1 a sample (``tokens_per_step``) until its files have said
+    how long a sample is."""
+    problems = []
+    m = p.model
+    for sec in sections:
+        inp = getattr(p, sec)
+        if inp is None:
+            continue
+        tokens = tokens_per_step(inp, m)
+        if tokens > limits.max_tokens_per_step:
+            shape = "batch_size x max_sequence_length" if m.name != "fc_mlp" else "batch_size"
+            problems.append(
+                _over(
+                    f"{sec}.batch_size",
+                    f"a step has {_n(tokens)} tokens ({shape})",
+                    inp.batch_size,
+                    limits.max_tokens_per_step,
+                    "--max-tokens-per-step",
+                )
+            )
     return problems
 
 

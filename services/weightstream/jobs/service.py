@@ -1,9 +1,11 @@
 """The coordinator as a long-lived service: a persistent queue of jobs run on a fixed number of CS-2 slots.
 
-No HTTP here (``api/`` and ``grpc_api`` translate); this is the behaviour: validate and enqueue, run jobs
+No HTTP here (``api/`` and ``grpc_api`` translate); this is the behaviour: admit and enqueue, run jobs
 in priority order when enough slots are free, cancel, recover after a restart, and answer what a job did.
-``submit`` is the one validation path of both APIs: whatever their own schemas let through, every bound
-(``limits``) and the data roots (``data_roots``) are checked here; so are label and priority changes.
+``submit`` is the one admission path of both APIs: whatever their own schemas let through, the request,
+the params, every bound (``limits``), the data roots (``data_roots``) and the slots are checked there by
+``admission``, the pipeline ``weightstream validate`` and ``run`` share; label and priority changes are
+checked here.
 """
 
 from __future__ import annotations
@@ -21,21 +23,14 @@ from typing import Any, BinaryIO, Protocol
 
 from weightstream.backends.base import Backend
 from weightstream.checkpoint_layout import complete_checkpoints, servable_file
-from weightstream.jobs.admission import admit
+from weightstream.jobs.admission import Admission, CapacityError, Submission, admit
 from weightstream.jobs.config import ServiceConfig, default_user_name
 from weightstream.jobs.data_roots import default_data_root
-from weightstream.jobs.limits import (
-    ServiceLimits,
-    apply_label_change,
-    check_priority,
-    check_request,
-    with_service_defaults,
-)
+from weightstream.jobs.limits import ServiceLimits, apply_label_change, check_priority
 from weightstream.jobs.log_export import job_log_archive
 from weightstream.jobs.role_backends import end_leftovers, make_backend
 from weightstream.jobs.store import TERMINAL, IllegalTransition, Job, JobStore
-from weightstream.params import Params, ParamsError, load_params, read_params
-from weightstream.params.layout import relocate
+from weightstream.params import Params, ParamsError, load_params
 from weightstream.training.events import EventSink, JobEvent, StatusEvent
 from weightstream.training.runner import JobCancelled, JobFailed, JobRunner, RunSummary, job_log
 
@@ -54,10 +49,6 @@ log = logging.getLogger("weightstream.service")
 # How long shutdown waits for stopped jobs to wind down before it requeues them itself: inside the 30 s a
 # Kubernetes pod gets between SIGTERM and SIGKILL, with room for the REST and gRPC servers to stop too.
 SHUTDOWN_GRACE_S = 20.0
-
-
-class CapacityError(ValueError):
-    """A job asks for more CS-2 than the service has: it could never run."""
 
 
 class QueueFull(RuntimeError):
@@ -117,24 +108,17 @@ class JobService:
         self, params: dict[str, Any], num_csx: int | None = None, labels: dict[str, str] | None = None,
         priority: int = 2,
     ) -> Job:  # fmt: skip
-        """Validate as `weightstream run` does, then within the service's limits and data roots; enqueue.
-        ``num_csx`` overrides ``runconfig.num_csx`` (None: the params' own). Raises ParamsError (each
-        problem at its key path), CapacityError (over the CS-2 slots) or QueueFull (full, or stopping)."""
+        """Admit the job (``admission``: its request, its params, then the service's limits, data roots
+        and slots), then enqueue it. ``num_csx`` overrides ``runconfig.num_csx`` (None: the params' own).
+        Raises ParamsError (each problem at its key path), CapacityError (over the CS-2 slots) or
+        QueueFull (full, or stopping)."""
         limits = self.config.limits
         labels = {} if labels is None else labels
-        problems = check_request(params, num_csx, labels, priority, limits)
-        if problems:
-            raise ParamsError(problems, "request")
-        given = {} if num_csx is None else {"num_csx": self._within_slots(num_csx)}  # before reading params
         job_id = uuid.uuid4().hex[:12]
         model_dir = self.jobs_dir / job_id
-        overrides = {**given, "model_dir": str(model_dir), **with_service_defaults(params, limits)}
-        loaded = read_params(params, overrides, "params", override_label="runconfig.{}")  # either layout
-        try:
-            parsed = admit(loaded.params, self.config.limits, self.config.data_roots)
-        except ParamsError as e:  # each problem at the key path the user wrote
-            raise ParamsError(relocate(e.problems, loaded.origin), "params") from None
-        num_csx = self._within_slots(parsed.runconfig.num_csx)
+        submission = Submission(params, num_csx, labels, priority)
+        parsed = admit(Admission.submitted(submission, self.config, {"model_dir": str(model_dir)})).params
+        num_csx = parsed.runconfig.num_csx
         with self._submit_lock:
             if self._stopped.is_set():
                 raise QueueFull("the service is stopping: submit again once it is back")
@@ -173,11 +157,6 @@ class JobService:
         job = self.store.set_priority(job_id, priority)
         self._wake.set()  # it may now head the queue, and fit in the slots that are free
         return job
-
-    def _within_slots(self, num_csx: int) -> int:
-        if num_csx > self.config.slots:
-            raise CapacityError(f"num_csx={num_csx} exceeds this service's {self.config.slots} CS-2 slots")
-        return num_csx
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job at once, or stop a running one (its processes are stopped now; the job

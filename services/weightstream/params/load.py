@@ -90,7 +90,7 @@ def read_params(
 ) -> Loaded:
     """``load_params``, with the key report (``key_report.py``) and the origin map. An override is named
     ``override_label.format(key)`` in problems and the report (a command-line flag by default).
-    ``resolve`` (the checks a local run makes of what the keys name: ``training/preflight.py``) takes
+    ``resolve`` (the checks a local run makes of what the keys name: ``jobs/admission.py``) takes
     the validated params and returns them completed, with its problems; they are reported with the
     file's own, at the key paths the user wrote."""
     if isinstance(params, str | Path):

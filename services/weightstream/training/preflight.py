@@ -1,11 +1,9 @@
-"""What ``weightstream run`` checks before it starts any role. ``weightstream validate`` runs the very
-same function (``run_checks``), so a file that validates is one that run accepts, and both report every
-problem at once, each at the key path the user wrote (``params.read_params``'s ``resolve``).
-
-Checked here, beyond the params themselves: the data each input names (data/check.py), that MemoryX can
-hold the model's weights, gradients and optimizer state on this machine (``weightstream run`` starts
-every role here), and the checkpoint the run would start from. ``finished_step`` tells a run that has
-nothing left to do before anything starts.
+"""What ``weightstream run`` checks on this machine before it starts any role, beyond the params and
+their data: that MemoryX can hold the model's weights, gradients and optimizer state here (``weightstream
+run`` starts every role here), and the checkpoint the run would start from. ``jobs.admission`` runs these
+as checks of its pipeline for ``weightstream validate`` and ``weightstream run`` alike, so a file that
+validates is one that run accepts. ``finished_step`` tells a run that has nothing left to do before
+anything starts.
 """
 
 from __future__ import annotations
@@ -13,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from weightstream.checkpoint_layout import TRAINER_STATE, last_checkpoint
-from weightstream.data.check import data_problems, resolve_sequence_lengths
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.params import Params, Problem, model_def
 from weightstream.params.schema import LanguageModelParams
@@ -25,20 +23,14 @@ from weightstream.training.checkpoints import refuse_weights_only
 from weightstream.training.errors import JobFailed
 from weightstream.training.hf_start import check_start_checkpoint
 
-__all__ = ["finished_step", "memory_problems", "resume_checkpoint", "run_checks", "size_text"]
-
-
-def run_checks(p: Params) -> tuple[Params, list[Problem]]:
-    """``p`` completed (sequence lengths read from HDF5 files) and every problem a local run would meet
-    before its first step. Reads files; builds and allocates nothing of the model's size."""
-    p, problems = resolve_sequence_lengths(p)
-    unresolved = frozenset(q.path.split(".")[0] for q in problems)
-    problems += data_problems(p, skip=unresolved)
-    size = memory_problems(p)
-    problems += size
-    if not size:  # a model too large to hold is not built to compare it with a checkpoint
-        problems += _checkpoint_problems(p)
-    return p, problems
+__all__ = [
+    "StartCheckpoint",
+    "finished_step",
+    "memory_problems",
+    "resume_checkpoint",
+    "size_text",
+    "start_checkpoint",
+]
 
 
 def _optimizer_buffers(p: Params) -> tuple[int, str]:
@@ -114,30 +106,42 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage("/").free
 
 
-def _checkpoint_problems(p: Params) -> list[Problem]:
+@dataclass(frozen=True)
+class StartCheckpoint:
+    """What the checkpoint a run starts from says before the run: its problems, the notes on a Hugging
+    Face checkpoint it would start from (``check_start_checkpoint``'s, for ``validate`` to print), and
+    the step of model_dir's newest checkpoint when the run has nothing left to do (``finished_step``)."""
+
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    finished_step: int | None = None
+
+
+def start_checkpoint(p: Params) -> StartCheckpoint:
     """The checkpoint the run starts from: its own newest (it must hold optimizer state to resume), or
     else the Hugging Face directory ``checkpoint_path`` names (it must fit the model)."""
     rc = p.runconfig
     resume = resume_checkpoint(p)
     if resume is not None:
-        if finished_step(p) is not None:
-            return []  # nothing to resume: run says so at once
+        done = _finished(p, resume)
+        if done is not None:
+            return StartCheckpoint(finished_step=done)  # nothing to resume: run says so at once
         try:
             refuse_weights_only(resume[1])
         except JobFailed as e:
-            return [Problem("runconfig.model_dir", str(e), rc.model_dir)]
-        return []
+            return StartCheckpoint([Problem("runconfig.model_dir", str(e), rc.model_dir)])
+        return StartCheckpoint()
     if rc.checkpoint_path is None:
-        return []
+        return StartCheckpoint()
     try:
         model = model_def(p)
     except ValueError:  # a shape the params' own checks refuse, with its key: nothing to compare yet
-        return []
+        return StartCheckpoint()
     try:
-        check_start_checkpoint(p, model, rc.checkpoint_path)
+        notes = check_start_checkpoint(p, model, rc.checkpoint_path)
     except StartCheckpointError as e:
-        return [Problem("runconfig.checkpoint_path", str(e), rc.checkpoint_path)]
-    return []
+        return StartCheckpoint([Problem("runconfig.checkpoint_path", str(e), rc.checkpoint_path)])
+    return StartCheckpoint(notes=notes)
 
 
 def resume_checkpoint(p: Params) -> tuple[int, Path] | None:
@@ -149,12 +153,14 @@ def resume_checkpoint(p: Params) -> tuple[int, Path] | None:
 def finished_step(p: Params) -> int | None:
     """The step of model_dir's newest checkpoint when it is at or past ``max_steps`` (the run has nothing
     left to do), else None. Reads one small JSON file: no role starts for it."""
-    rc = p.runconfig
     last = resume_checkpoint(p)
-    if last is None:
-        return None
+    return None if last is None else _finished(p, last)
+
+
+def _finished(p: Params, last: tuple[int, Path]) -> int | None:
+    """``finished_step`` for the newest checkpoint ``last`` (step, directory)."""
     try:
         step = int(json.loads((last[1] / TRAINER_STATE).read_text(encoding="utf-8"))["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         step = last[0]  # the directory's name says it too
-    return step if step >= rc.max_steps else None
+    return step if step >= p.runconfig.max_steps else None

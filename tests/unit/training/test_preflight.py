@@ -1,6 +1,6 @@
-"""What ``weightstream run`` checks before it starts any role (``run_checks``, which ``validate`` runs as
-well): the data, the model's size on this machine, the starting checkpoint; and a run that has nothing
-left to do is recognised from one small file."""
+"""What ``weightstream run`` checks before it starts any role (``jobs.admission``'s pipeline, which
+``validate`` runs as well): the data, the model's size on this machine, the starting checkpoint; and a run
+that has nothing left to do is recognised from one small file."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from weightstream.params import ParamsError, load_params, model_def, read_params
+from weightstream.jobs.admission import Admission, admit
+from weightstream.params import ParamsError, load_params, model_def
 from weightstream.params.size import num_params
-from weightstream.training.preflight import finished_step, run_checks
+from weightstream.training.preflight import finished_step
 
 Small = Callable[..., dict[str, Any]]
 
@@ -34,12 +35,12 @@ def small_at(small: dict[str, Any], tmp_path: Path) -> Small:
 
 def _problems(raw: dict[str, Any]) -> list[str]:
     with pytest.raises(ParamsError) as e:
-        read_params(raw, resolve=run_checks)
+        admit(Admission.local(raw))
     return [str(q) for q in e.value.problems]
 
 
 def test_a_valid_file_passes(tmp_path: Path, small_at: Small) -> None:
-    p = read_params(small_at(), resolve=run_checks).params
+    p = admit(Admission.local(small_at())).params
     assert p.model.hidden_size == 32
 
 
