@@ -10,8 +10,8 @@ What is measured (``bench/scaling.py`` does it), and what each figure becomes:
     one hop (bisection: the model's step of that run, with no barrier, equals the measured one);
   - the same with a tiny model of as many units (bytes ~1000x fewer): its step is what transfers cost
     whatever their size (RPCs, the Python around them)  ->  ``link_latency_s``;
-  - optionally, the first null run again with every byte over the network plane on loopback (``runconfig.data_plane:
-    grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``, ``network_link_bandwidth``: what
+  - optionally, the first null run again with every byte on the network plane, on loopback
+    (``runconfig.data_plane: grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``, ``network_link_bandwidth``: what
     roles on separate hosts pay (``Cluster.over_network``). The latency stays the tiny run's: a transfer's
     fixed cost is its RPCs, which both planes make (shared memory sends the header over gRPC too);
   - the appliance at N = 1 on the real job: what the model does not yet explain of its step time  ->
@@ -57,7 +57,7 @@ class Measurements:
     # the same with a tiny model (same depth, ~1000x fewer bytes): what a transfer costs whatever its
     # size (the RPCs, the Python around them) -> the latency per hop; None: no latency
     tiny: NullRun | None = None
-    # ``null`` again with every byte over the network plane (``runconfig.data_plane: grpc``): the network data plane's
+    # ``null`` again with every byte on the network plane (``runconfig.data_plane: grpc``): that plane's
     # cost per byte and its bandwidth per hop; None: not measured (the cluster gets no network figures)
     network_null: NullRun | None = None
     swarmx_fanout: int = 4

@@ -46,7 +46,7 @@ class DataPlane(StrEnum):
     """How the roles exchange tensors: a calibration prices both, from runs on one host."""
 
     shared_memory = "shared_memory"  # the cluster's own figures (a calibration's: every role on one host)
-    network = "network"  # roles on separate hosts, every byte over the network plane (``Cluster.over_network``)
+    network = "network"  # roles on separate hosts, every byte on the network plane (``over_network``)
 
 
 err = Console(stderr=True)

@@ -150,7 +150,11 @@ def test_a_network_null_run_gives_the_network_plane_s_figures() -> None:
         assert over_net.step_s > over_shm.step_s
     assert predict_one(both, job, 2) == predict_one(shared, job, 2)  # the default is shared memory, as before
     notes = " ".join(both.notes)
-    assert "shared memory" in notes and "over the network plane on loopback" in notes and "--data-plane network" in notes
+    assert (
+        "shared memory" in notes
+        and "over the network plane on loopback" in notes
+        and "--data-plane network" in notes
+    )
 
 
 def test_an_old_calibration_without_network_figures_loads_and_predicts_as_before(tmp_path: Path) -> None:

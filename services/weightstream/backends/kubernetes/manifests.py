@@ -196,13 +196,14 @@ def _pod(
     ]
     object_name = job_object_name(job_id)
     data_mounts = _data_mounts(role, job_dir, cluster)
+    # the pod's own IP only, gRPC and bulk transfers
+    listen = [role.kind, "--host", "$(POD_IP)", "--port", str(ROLE_PORT), "--bulk-port", str(BULK_PORT)]
     container: dict[str, Any] = {
         "name": role.kind,
         "image": cluster.image,
         "imagePullPolicy": cluster.image_pull_policy,
         # the pod's own IP only (reached through the headless Service's DNS names), never 0.0.0.0
-        "args": [role.kind, "--host", "$(POD_IP)", "--port", str(ROLE_PORT),
-                 "--bulk-port", str(BULK_PORT), "--token-file", TOKEN_FILE],  # fmt: skip
+        "args": [*listen, "--token-file", TOKEN_FILE],
         "ports": [
             {"name": "grpc", "containerPort": ROLE_PORT, "protocol": "TCP"},
             {"name": "bulk", "containerPort": BULK_PORT, "protocol": "TCP"},
