@@ -11,8 +11,8 @@ What is measured (``bench/scaling.py`` does it), and what each figure becomes:
   - the same with a tiny model of as many units (bytes ~1000x fewer): its step is what transfers cost
     whatever their size (RPCs, the Python around them)  ->  ``link_latency_s``;
   - optionally, the first null run again with every byte on the network plane, on loopback
-    (``runconfig.data_plane: grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``, ``network_link_bandwidth``: what
-    roles on separate hosts pay (``Cluster.over_network``). The latency stays the tiny run's: a transfer's
+    (``runconfig.data_plane: grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``,
+    ``network_link_bandwidth``: what roles on separate hosts pay (``Cluster.over_network``). The latency stays the tiny run's: a transfer's
     fixed cost is its RPCs, which both planes make (shared memory sends the header over gRPC too);
   - the appliance at N = 1 on the real job: what the model does not yet explain of its step time  ->
     ``step_overhead_s`` (the coordinator's rounds, and whatever else a step pays once).
