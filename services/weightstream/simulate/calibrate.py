@@ -12,8 +12,9 @@ What is measured (``bench/scaling.py`` does it), and what each figure becomes:
     whatever their size (RPCs, the Python around them)  ->  ``link_latency_s``;
   - optionally, the first null run again with every byte on the network plane, on loopback
     (``runconfig.data_plane: grpc``), derived the same way  ->  ``network_stream_cpu_s_per_byte``,
-    ``network_link_bandwidth``: what roles on separate hosts pay (``Cluster.over_network``). The latency stays the tiny run's: a transfer's
-    fixed cost is its RPCs, which both planes make (shared memory sends the header over gRPC too);
+    ``network_link_bandwidth``: what roles on separate hosts pay (``Cluster.over_network``). The latency
+    stays the tiny run's: a transfer's fixed cost is its RPCs, which both planes make (shared memory sends
+    the header over gRPC too);
   - the appliance at N = 1 on the real job: what the model does not yet explain of its step time  ->
     ``step_overhead_s`` (the coordinator's rounds, and whatever else a step pays once).
 Nothing measured at N > 1 goes in: the bench measures N = 2 and 4 only to compare.

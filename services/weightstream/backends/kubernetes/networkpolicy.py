@@ -4,8 +4,8 @@ Ingress to a role pod: its gRPC and bulk transfer ports from the job's own pods,
 the coordinator (the service pod, recognised by ``LABEL_COORDINATOR``, which the Helm chart sets). Egress
 from a role pod: the job's own pods' gRPC and bulk ports, and DNS so roles can resolve each other's names.
 DNS is allowed to any destination on port 53 because where the cluster's resolver runs varies (a kube-dns
-Service, a node-local cache on a link-local address); roles send nothing else anywhere. NetworkPolicies are stateful, so replies to the
-coordinator's calls need no egress rule.
+Service, a node-local cache on a link-local address); roles send nothing else anywhere. NetworkPolicies
+are stateful, so replies to the coordinator's calls need no egress rule.
 
 A NetworkPolicy is only enforced where the cluster runs a network plugin that implements them (Calico,
 Cilium, ...); elsewhere it is accepted and ignored, and the role credential is the only gate.
