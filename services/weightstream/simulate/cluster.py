@@ -59,7 +59,7 @@ class Cluster:
     # checksums, gRPC): it competes with the workers' compute for the same cores. 0: dedicated hardware
     stream_cpu_s_per_byte: float = 0.0
     # -- the network data plane: what the figures above become when roles on separate hosts exchange
-    # tensors over gRPC instead of shared memory (a calibration measures both, see ``over_network``).
+    # tensors on the network plane instead of shared memory (a calibration measures both, see ``over_network``).
     # None: not measured; the figures above stand for both planes
     network_stream_cpu_s_per_byte: float | None = None  # CPU-seconds a byte costs per hop over gRPC
     network_link_bandwidth: float | None = None  # bytes/s of one hop over gRPC, each direction
@@ -125,7 +125,7 @@ class Cluster:
         bw = self.network_link_bandwidth or self.link_bandwidth
         scale = bw / self.link_bandwidth
         note = (
-            "predicted over the network data plane (roles on separate hosts, tensors over gRPC): "
+            "predicted over the network data plane (roles on separate hosts): "
             f"transport {cpu * 1e9:.2f} CPU-ns per byte and link, {bw / 1e9:.2f} GB/s per hop"
         )
         return replace(
