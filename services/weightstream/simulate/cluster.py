@@ -59,7 +59,7 @@ class Cluster:
     # checksums, gRPC): it competes with the workers' compute for the same cores. 0: dedicated hardware
     stream_cpu_s_per_byte: float = 0.0
     # -- the network data plane: what the figures above become when roles on separate hosts exchange
-    # tensors on the network plane instead of shared memory (a calibration measures both, see ``over_network``).
+    # tensors on the network instead of shared memory (a calibration measures both, see ``over_network``).
     # None: not measured; the figures above stand for both planes
     network_stream_cpu_s_per_byte: float | None = None  # CPU-seconds a byte costs per hop over gRPC
     network_link_bandwidth: float | None = None  # bytes/s of one hop over gRPC, each direction
