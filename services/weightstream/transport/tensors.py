@@ -159,6 +159,11 @@ def tensor_messages(
         header.bulk_port, header.bulk_id = parked
         yield header_message(header)
         return
+    yield from _inline(header, views)
+
+
+def _inline(header: pb.TensorSetHeader, views: list[memoryview]) -> Iterator[bytes]:
+    """The messages of a segment whose payload, ``views`` padded to the alignment, follows its header."""
     head_bytes = header.SerializeToString()
     first = True
     for parts in _payload_chunks(views):
@@ -336,29 +341,26 @@ def references_only(messages: list[bytes]) -> tuple[pb.StreamHead, pb.TensorSetH
     return header.head, header
 
 
-def names_shared_memory(message: bytes) -> bool:
-    """Whether ``message`` opens a segment naming tensors in shared memory (then it is the whole segment:
-    such a segment carries no payload)."""
+def _opening_header(message: bytes) -> pb.TensorSetHeader | None:
+    """The header of the segment ``message`` opens, None where it continues one."""
     view = memoryview(message)
     if len(view) < _LEN.size:
         raise ProtocolError("truncated message")
     (n,) = _LEN.unpack_from(view)
-    if n == 0:
-        return False
-    header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
-    return any(t.shm_pid for t in header.tensors)
+    return pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n]) if n else None
+
+
+def names_shared_memory(message: bytes) -> bool:
+    """Whether ``message`` opens a segment naming tensors in shared memory (then it is the whole segment:
+    such a segment carries no payload)."""
+    header = _opening_header(message)
+    return header is not None and any(t.shm_pid for t in header.tensors)
 
 
 def bulk_header(message: bytes) -> pb.TensorSetHeader | None:
     """The header of a segment whose payload is a bulk transfer, where ``message`` opens one; else None."""
-    view = memoryview(message)
-    if len(view) < _LEN.size:
-        raise ProtocolError("truncated message")
-    (n,) = _LEN.unpack_from(view)
-    if n == 0:
-        return None
-    header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
-    return header if header.bulk_id else None
+    header = _opening_header(message)
+    return header if header is not None and header.bulk_id else None
 
 
 def inline_segment(header: pb.TensorSetHeader, payload: np.ndarray) -> Iterator[bytes]:
@@ -368,14 +370,7 @@ def inline_segment(header: pb.TensorSetHeader, payload: np.ndarray) -> Iterator[
     own.CopyFrom(header)
     own.ClearField("bulk_id")
     own.ClearField("bulk_port")
-    head_bytes = own.SerializeToString()
-    first = True
-    for parts in _payload_chunks([memoryview(payload).cast("B")]):
-        prefix = [_LEN.pack(len(head_bytes)), head_bytes] if first else [_LEN.pack(0)]
-        yield b"".join([*prefix, *parts])
-        first = False
-    if first:
-        yield _LEN.pack(len(head_bytes)) + head_bytes
+    return _inline(own, [memoryview(payload).cast("B")])  # already padded: its length is a multiple of 64
 
 
 def header_message(header: pb.TensorSetHeader) -> bytes:

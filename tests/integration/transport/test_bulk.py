@@ -268,3 +268,19 @@ def test_a_fetcher_keeps_a_bounded_number_of_connections_the_most_recent_peers_f
         fetcher.close()
         for server in others:
             server.close()
+
+
+def test_a_relay_with_a_full_outbox_passes_the_segment_on_inline() -> None:
+    end = bulk.start(HOST, TOKEN, max_entries=1)  # room for the upstream's transfer, none for the relay's
+    try:
+        tensors = _tensors()
+        upstream = list(NetworkPlane().stream(tensors, bf16=False))
+        assert bulk_header(upstream[0]) is not None
+        relayed = list(relay(iter(upstream), HOST, readers=2))
+        assert bulk_header(relayed[0]) is None and sum(len(m) for m in relayed) > (4 << 20)
+        _, got = NetworkPlane().read(relayed)  # every byte in the stream: nothing to fetch
+        for name, arr in tensors:
+            np.testing.assert_array_equal(got[name], arr)
+        assert len(end.outbox) == 0
+    finally:
+        bulk.stop()
