@@ -38,6 +38,9 @@ def _start_long_run(tmp_path: Path, **runconfig: object) -> tuple[subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a suite started in the background of a shell without job control inherits
+        # SIGINT ignored, and Python then gives the run no KeyboardInterrupt to stop on
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # wait until it is really training
