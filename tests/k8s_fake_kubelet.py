@@ -95,6 +95,7 @@ class FakeKubelet:
         args = list(container["args"])
         args[args.index("--host") + 1] = "127.0.0.1"
         args[args.index("--port") + 1] = str(self.port(name))
+        args[args.index("--bulk-port") + 1] = "0"  # every pod on one address here: a free port each
         args[args.index("--token-file") + 1] = str(token)
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
