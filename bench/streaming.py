@@ -48,11 +48,12 @@ from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.training.reference import ReferenceTrainer
+from weightstream.transport import bulk
 from weightstream.transport.auth import new_role_token
-from weightstream.transport.plane import NETWORK, SHARED_MEMORY
+from weightstream.transport.bulk import host_of_address
+from weightstream.transport.plane import NETWORK, SHARED_MEMORY, NetworkPlane, SharedMemoryPlane
 from weightstream.transport.rpc import OPTIONS, open_channel, tensors_out_client
 from weightstream.transport.shm import job_tag
-from weightstream.transport.tensors import read_messages
 
 
 def params_dict(a: argparse.Namespace, hidden: int, layers: int, steps: int) -> dict[str, Any]:
@@ -234,13 +235,17 @@ def broadcast_gbps(
         sx = tensors_out_client(
             open_channel(addrs["swarmx"][0], token, plane=plane), "SwarmX", "GetUnit", pb.UnitRequest
         )
+        # read as a worker reads: on its plane, with a bulk endpoint of its own for the network plane's
+        reader = SharedMemoryPlane(tag) if tag is not None else NetworkPlane()
+        bulk.start("127.0.0.1", token)
         t_mx, t_sx = [], []
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            read_messages(mx(pb.TensorRequest(step=0, names=names)), tag)
+            reader.read(mx(pb.TensorRequest(step=0, names=names)), peer=host_of_address(addrs["memoryx"][0]))
             t_mx.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            read_messages(sx(pb.UnitRequest(step=0, unit=1, phase=100 + i)), tag)  # a new phase: a cache miss
+            unit = sx(pb.UnitRequest(step=0, unit=1, phase=100 + i))  # a new phase: a cache miss
+            reader.read(unit, peer=host_of_address(addrs["swarmx"][0]))
             t_sx.append(time.perf_counter() - t0)
         return {
             "unit_bytes": nbytes,
@@ -248,6 +253,7 @@ def broadcast_gbps(
             "memoryx_swarmx_gbps": nbytes / min(t_sx[1:]) / 1e9,
         }
     finally:
+        bulk.stop()
         backend.stop()
 
 
