@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -73,6 +74,13 @@ def write_params(tmp: Path, **runconfig: Any) -> Path:
 def weightstream_cmd() -> list[str]:
     exe = shutil.which("weightstream")
     return [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
+
+
+def sigint_at_default() -> None:
+    """``preexec_fn`` of a run a test will stop with SIGINT, as Ctrl-C would: a suite started in the
+    background of a shell without job control inherits SIGINT ignored, and Python then gives the run no
+    KeyboardInterrupt to stop on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run(params: Path, model_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.integration.appliance import sigint_at_default, weightstream_cmd
+
 EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
 
 
 def weightstream(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("weightstream")
-    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [*weightstream_cmd(), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def _example(tmp_path: Path, **train: object) -> Path:
@@ -95,9 +95,13 @@ def test_ctrl_c_without_a_checkpoint_says_what_was_lost(tmp_path: Path) -> None:
     del p["trainer"]["init"]["checkpoint"]  # a checkpoint only at the end
     f = tmp_path / "params.yaml"
     f.write_text(yaml.safe_dump(p), encoding="utf-8")
-    exe = shutil.which("weightstream")
-    cmd = [exe] if exe else [sys.executable, "-m", "weightstream.cli"]
-    proc = subprocess.Popen([*cmd, "run", str(f)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*weightstream_cmd(), "run", str(f)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_at_default,
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # the first logged step: training is under way

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.integration.appliance import TINY, metrics, run, weightstream_cmd, write_params
+from tests.integration.appliance import TINY, metrics, run, sigint_at_default, weightstream_cmd, write_params
 
 
 def _alive(pid: int) -> bool:
@@ -38,9 +38,7 @@ def _start_long_run(tmp_path: Path, **runconfig: object) -> tuple[subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # as from a terminal: a suite started in the background of a shell without job control inherits
-        # SIGINT ignored, and Python then gives the run no KeyboardInterrupt to stop on
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_at_default,
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # wait until it is really training
