@@ -78,6 +78,14 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         pos += got
 
 
+def _ask(sock: socket.socket, key: bytes, timeout_s: float) -> int:
+    """Ask for transfer ``key`` on a reader's connection: the length its sender answers (or ``GONE``)."""
+    sock.settimeout(timeout_s)
+    sock.sendall(key)
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    return int(n)
+
+
 def _send_parts(sock: socket.socket, parts: Sequence[memoryview]) -> None:
     """Every byte of ``parts``, in order, gathered by the kernel (no copy here)."""
     pending = [p for p in parts if len(p)]
@@ -100,9 +108,13 @@ class BulkServer:
         self.outbox, self._token = outbox, token.encode()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host.strip("[]"), port))
-        self._sock.listen(64)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host.strip("[]"), port))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()  # a port in use: the role fails to start, and leaks no socket
+            raise
         self.port: int = self._sock.getsockname()[1]
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -219,16 +231,13 @@ class BulkFetcher:
             if sock is None:
                 sock = self._connect(host, port, timeout_s)
             try:
-                sock.settimeout(timeout_s)
-                sock.sendall(key)
-                (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-            except (OSError, ConnectionError):
+                n = _ask(sock, key, timeout_s)
+            except OSError:
                 if not reused:
                     raise
                 _close(sock)  # a kept connection its server has since closed: once more on a new one
                 sock = self._connect(host, port, timeout_s)
-                sock.sendall(key)
-                (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+                n = _ask(sock, key, timeout_s)
             if n == GONE:
                 raise ProtocolError(
                     f"bulk transfer {key.hex()} is not held at {host}:{port} (fetched already, let go, or "
@@ -236,20 +245,16 @@ class BulkFetcher:
                 )
             if n != len(out):
                 raise ProtocolError(f"bulk transfer {key.hex()} is {n} bytes; its header said {len(out)}")
-            if progress is None:
-                _recv_into(sock, out)
-            else:
-                for pos in range(0, len(out), _FILL_CHUNK):
-                    piece = out[pos : pos + _FILL_CHUNK]
-                    _recv_into(sock, piece)
+            for pos in range(0, len(out), _FILL_CHUNK):
+                piece = out[pos : pos + _FILL_CHUNK]
+                _recv_into(sock, piece)
+                if progress is not None:
                     progress(len(piece))
-        except ProtocolError:
+        except (ProtocolError, OSError) as e:  # the connection is in an unknown state: never kept
             if sock is not None:
                 _close(sock)
-            raise
-        except (OSError, ConnectionError) as e:
-            if sock is not None:
-                _close(sock)
+            if isinstance(e, ProtocolError):
+                raise
             raise PeerError(f"bulk {host}:{port}", "fetch", f"{type(e).__name__}: {e}") from e
         with self._lock:
             self._idle.setdefault(where, []).append(sock)

@@ -26,6 +26,7 @@ from weightstream.transport.shm_cache import MappingCache
 from weightstream.transport.tensors import (
     Fetch,
     NamedTensor,
+    Park,
     bulk_header,
     header_message,
     inline_segment,
@@ -67,10 +68,9 @@ def _fetch_from(peer: str | None) -> Fetch | None:
     return fetch
 
 
-def _park(readers: int, kept: list[bytes] | None = None) -> Callable[[list[memoryview]], Any] | None:
-    """Parks payloads in this process's outbox for ``readers`` fetches (their ids appended to ``kept``, for
-    the sender to let go), None where this process has no bulk endpoint."""
-    end = bulk.endpoint()
+def _park(end: bulk.BulkEndpoint | None, readers: int, kept: list[bytes] | None = None) -> Park | None:
+    """Parks payloads in ``end``'s outbox (this process's bulk endpoint) for ``readers`` fetches (their ids
+    appended to ``kept``, for the sender to let go), None where there is no endpoint."""
     if end is None:
         return None
 
@@ -132,7 +132,7 @@ class NetworkPlane(DataPlane):
         self, tensors: Iterable[NamedTensor], *, bf16: bool, checksums: Mapping[str, int] | None = None
     ) -> Iterator[bytes]:
         # parked for its one reader; let go once fetched, or after bulk.TTL_S where the reader is gone
-        return tensor_messages(tensors, bf16=bf16, checksums=checksums, park=_park(1))
+        return tensor_messages(tensors, bf16=bf16, checksums=checksums, park=_park(bulk.endpoint(), 1))
 
     def push(
         self,
@@ -143,14 +143,13 @@ class NetworkPlane(DataPlane):
         bf16: bool,
         key: object = None,
     ) -> None:
-        parked: list[bytes] = []
+        end, parked = bulk.endpoint(), list[bytes]()
         try:
-            send(tensor_messages(tensors, head, bf16, park=_park(1, parked)))
+            send(tensor_messages(tensors, head, bf16, park=_park(end, 1, parked)))
         finally:  # the call has returned: its receiver has fetched the payload, or never will
-            end = bulk.endpoint()
-            for key_ in parked:
-                if end is not None:
-                    end.outbox.release(key_)
+            if end is not None:
+                for parked_key in parked:
+                    end.outbox.release(parked_key)
 
     def read(self, messages: Iterable[bytes], peer: str | None = None) -> Read:
         return read_messages(messages, fetch=_fetch_from(peer))
@@ -235,7 +234,7 @@ def inline(messages: Iterable[bytes], reader: DataPlane, bf16: bool) -> Iterator
     for message in messages:
         if names_shared_memory(message):
             head, tensors = reader.read((message,))
-            yield from tensor_messages(tensors.items(), head, bf16, park=_park(1))
+            yield from tensor_messages(tensors.items(), head, bf16, park=_park(bulk.endpoint(), 1))
         else:
             yield message
 

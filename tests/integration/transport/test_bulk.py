@@ -284,3 +284,23 @@ def test_a_relay_with_a_full_outbox_passes_the_segment_on_inline() -> None:
         assert len(end.outbox) == 0
     finally:
         bulk.stop()
+
+
+def test_a_kept_connection_to_a_server_since_replaced_is_retried_once_on_a_new_one() -> None:
+    """A role replaced at the same port (a Kubernetes pod keeps its) leaves the fetcher a kept connection
+    to a server that is gone: the fetch goes through on a fresh one."""
+    fetcher, port = bulk.BulkFetcher(TOKEN), 0
+    try:
+        for _ in range(2):  # the second server on the first one's port, once that one is closed
+            server = bulk.BulkServer(HOST, TOKEN, bulk.Outbox(), port)
+            port = server.port
+            try:
+                key = server.outbox.offer([memoryview(b"xyz")])
+                assert key is not None
+                out = bytearray(3)
+                fetcher.fetch(HOST, port, key, memoryview(out), 10)
+                assert out == b"xyz"
+            finally:
+                server.close()
+    finally:
+        fetcher.close()
