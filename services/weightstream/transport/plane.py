@@ -243,8 +243,8 @@ def relay(messages: Iterable[bytes], peer: str, readers: int) -> Iterator[bytes]
     """A stream from the role on host ``peer`` passed on to ``readers`` readers, each message as soon as it
     came (a SwarmX node's weights, to its children). A segment whose payload is a bulk transfer goes on as a
     header naming a transfer of this role's, served to the readers while it arrives from ``peer``
-    (cut-through); without a bulk endpoint here, inline once it has all arrived. Checks nothing: the
-    readers check every tensor, end to end."""
+    (cut-through); where this role's outbox is full, inline once it has all arrived; without a bulk
+    endpoint here, refused. Checks nothing: the readers check every tensor, end to end."""
     end = bulk.endpoint()
     for message in messages:
         header = bulk_header(message)
