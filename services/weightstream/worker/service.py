@@ -28,6 +28,7 @@ from weightstream.transport.rpc import (
     tensors_in_client,
     tensors_out_client,
 )
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES
 from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
@@ -211,4 +212,4 @@ class WorkerServicer(rpc.WorkerServicer):
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    rpc.add_WorkerServicer_to_server(WorkerServicer(host), server)
+    register_servicer(rpc.add_WorkerServicer_to_server, WorkerServicer(host), server)
