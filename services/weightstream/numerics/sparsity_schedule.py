@@ -20,14 +20,14 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
 __all__ = ["LEVEL_KINDS", "LevelKind", "LevelSchedule", "UpdateSchedule", "gmp_kept", "largest_positions"]
 
 LevelKind = Literal["linear", "exp", "power", "cosine"]
-LEVEL_KINDS: tuple[str, ...] = LevelKind.__args__  # type: ignore[attr-defined]
+LEVEL_KINDS: tuple[str, ...] = get_args(LevelKind)  # the Literal's values, in order
 _F32 = np.float32
 
 
