@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,7 @@ class MemoryXUpstream:
             return
         queues: list[queue.SimpleQueue[bytes | BaseException | None]] = [queue.SimpleQueue() for _ in groups]
         for q, (shard, shard_names) in zip(queues, groups, strict=True):
-            self._pool.submit(_drain, q, lambda s=shard, n=shard_names: self._fetch(step, s, n))
+            self._pool.submit(_drain, q, functools.partial(self._fetch, step, shard, shard_names))
         for (shard, _), q in zip(groups, queues, strict=True):
             while (item := _next(q, self.timeout_s, f"memoryx-{shard}")) is not None:
                 yield item

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
@@ -331,7 +332,7 @@ class JobRunner:
         }
         if not files[MASKS]:
             del files[MASKS]
-        state = {
+        state: dict[str, Any] = {
             "num_csx": self.rc.num_csx,
             "num_wgt_servers": self.rc.num_wgt_servers,
             "seed": self.rc.seed,

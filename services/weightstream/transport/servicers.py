@@ -47,7 +47,7 @@ class _Recorder:
     generated code hands them over twice, as a generic handler and by method; the second is kept."""
 
     def __init__(self) -> None:
-        self.services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+        self.services: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         pass  # the same handlers come again, by method, in add_registered_method_handlers
@@ -56,12 +56,16 @@ class _Recorder:
         self.services[service] = dict(handlers)
 
 
-def _raw(handler: grpc.RpcMethodHandler, request_raw: bool, response_raw: bool) -> grpc.RpcMethodHandler:
+def _raw(
+    handler: grpc.RpcMethodHandler[Any, Any], request_raw: bool, response_raw: bool
+) -> grpc.RpcMethodHandler[Any, Any]:
     """``handler`` with no (de)serialiser on its raw sides (None: gRPC passes the bytes through)."""
     if not (request_raw or response_raw):
         return handler  # protobuf both ways, as generated
     streaming = (handler.request_streaming, handler.response_streaming)
     behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    if behavior is None:
+        raise TypeError(f"a gRPC handler with no behaviour: {handler!r}")
     return _HANDLER_OF[streaming](
         behavior,
         request_deserializer=None if request_raw else handler.request_deserializer,
