@@ -16,7 +16,7 @@ from numpy.testing import assert_allclose
 
 from tests.integration.appliance import run
 from tests.integration.test_appliance import LOSS_RTOL
-from tests.unit.test_masked_loss import _padded_params
+from tests.unit.numerics.test_masked_loss import _padded_params
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tests.unit.test_roles_logic import TrickleUpstream
+from tests.unit.swarmx.test_node import TrickleUpstream
 from tests.unit.worker.test_engine import MODEL, STEP, WEIGHTS, WORKERS, FakeBatches, FakeUnits
 from weightstream.memoryx.shard import ShardClosedError
 from weightstream.swarmx.node import SwarmNodeLogic

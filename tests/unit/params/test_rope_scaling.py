@@ -12,7 +12,7 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose
 
-from tests.unit.test_rope_scaling import _hf_inv_freq
+from tests.unit.numerics.test_rope_scaling import _hf_inv_freq
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.numerics.rope_scaling import (
     RopeScaling,

@@ -15,7 +15,7 @@ import yaml
 from numpy.testing import assert_allclose, assert_array_equal
 
 from tests.integration.appliance import TINY
-from tests.unit.test_masked_loss import _padded_params
+from tests.unit.numerics.test_masked_loss import _padded_params
 from weightstream.activation.service import ActivationServer, ActivationServicer
 from weightstream.data import DataProcessor, make_data_processor
 from weightstream.data.loss_scaling import LossScaling, loss_denominator, loss_scaling

@@ -1,156 +1,19 @@
-"""The roles' logic without gRPC: plan shapes, SwarmX broadcast and exact ordered reduction, MemoryX's
-step protocol."""
+"""A MemoryX shard's step protocol without gRPC (memoryx/shard.py): gradients in, the sum of squares, one
+update per step, stale steps refused, a wait for every gradient of a tied tensor, and the update equal to
+torch's AdamW, with the tensors in memory or on disk."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose, assert_array_equal
+from numpy.testing import assert_allclose
 
 from tests.integration.appliance import TINY
 from weightstream.memoryx.shard import MemoryXShard, StaleStepError
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import load_params, model_def, optimizer_config
-from weightstream.plan import make_plan
-from weightstream.swarmx.node import SwarmNodeLogic, sum_in_order
-
-
-@pytest.mark.parametrize(
-    "n,fanout,depth", [(1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 4, 2), (17, 4, 3), (16, 2, 4)]
-)
-def test_tree_shape(n: int, fanout: int, depth: int) -> None:
-    raw = {k: v for k, v in TINY.items() if k != "eval_input"}
-    raw["train_input"] = {**TINY["train_input"], "batch_size": 8 * n}
-    params = load_params(raw, overrides={"num_csx": n, "swarmx_fanout": fanout})
-    plan = make_plan(params)
-    assert all(len(node.children) <= fanout for node in plan.swarm)
-    assert plan.swarm[plan.root].parent is None
-    # every worker reaches the root in `depth` hops
-    for w in range(n):
-        node, hops = plan.worker_parent[w], 1
-        while plan.swarm[node].parent is not None:
-            node, hops = plan.swarm[node].parent, hops + 1
-        assert hops == depth
-    leaves = [("worker", w) for node in plan.swarm for kind, w in node.children if kind == "worker"]
-    assert sorted(leaves) == [("worker", w) for w in range(n)]
-
-
-def test_units_balanced_over_shards() -> None:
-    p = load_params(
-        {**TINY, "model": {**TINY["model"], "num_hidden_layers": 6}}, overrides={"num_wgt_servers": 3}
-    )
-    plan = make_plan(p)
-    model = model_def(p)
-    load = [0, 0, 0]
-    for u, s in enumerate(plan.unit_shard):
-        load[s] += sum(model.specs[n].numel for n in model.owned_by(u))
-    assert max(load) <= 1.5 * min(load)
-    assert plan.tensor_shard["transformer.wte.weight"] == plan.unit_shard[0]  # owned by the embedding
-
-
-class FakeUpstream:
-    def __init__(self) -> None:
-        self.fetches: list[tuple[int, int, int]] = []
-        self.pushed: list[tuple[int, int, dict[str, np.ndarray]]] = []
-        self.gate = threading.Event()
-
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[dict[str, np.ndarray]]:
-        self.gate.wait(5)
-        self.fetches.append((step, unit, pass_))
-        return [{"w": np.full(3, float(step * 10 + unit), dtype=np.float32)}]
-
-    def push_grads(self, step: int, unit: int, grads: dict[str, np.ndarray]) -> None:
-        self.pushed.append((step, unit, grads))
-
-
-def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
-    up = FakeUpstream()
-    node = SwarmNodeLogic(num_children=8, upstream=up, timeout_s=5)
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(lambda: list(node.get_unit(3, 1, 0))) for _ in range(8)]
-        up.gate.set()
-        results = [f.result() for f in futures]
-    assert up.fetches == [(3, 1, 0)]
-    assert all(len(r) == 1 and np.array_equal(r[0]["w"], results[0][0]["w"]) for r in results)
-    list(node.get_unit(3, 1, 1))  # the backward pass is another broadcast
-    assert up.fetches == [(3, 1, 0), (3, 1, 1)]
-
-
-class TrickleUpstream(FakeUpstream):
-    """Yields a unit's pieces one by one, the last only when told to."""
-
-    def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
-        yield "first"
-        yield "second"
-        self.gate.wait(5)
-        yield "last"
-
-
-def test_broadcast_is_cut_through_each_piece_goes_down_as_it_arrives() -> None:
-    up = TrickleUpstream()
-    node = SwarmNodeLogic(num_children=2, upstream=up, timeout_s=5)
-    a, b = node.get_unit(0, 0, 0), node.get_unit(0, 0, 0)
-    # both children have the first pieces while upstream still holds back the last
-    assert [next(a), next(a), next(b)] == ["first", "second", "first"]
-    up.gate.set()
-    assert list(a) == ["last"] and list(b) == ["second", "last"]
-    assert node.fetches_upstream == 1
-
-
-def test_broadcast_error_reaches_every_child_and_a_stalled_upstream_times_out() -> None:
-    class Failing(FakeUpstream):
-        def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
-            yield "first"
-            raise ConnectionError("memoryx-0 went away")
-
-    node = SwarmNodeLogic(num_children=2, upstream=Failing(), timeout_s=5)
-    for child in (node.get_unit(1, 0, 0), node.get_unit(1, 0, 0)):
-        assert next(child) == "first"
-        with pytest.raises(ConnectionError, match="went away"):
-            next(child)
-    trickle = TrickleUpstream()
-    stalled = SwarmNodeLogic(num_children=1, upstream=trickle, timeout_s=0.2)
-    child = stalled.get_unit(2, 0, 0)
-    assert [next(child), next(child)] == ["first", "second"]
-    with pytest.raises(TimeoutError, match="nothing more received"):
-        next(child)
-    trickle.gate.set()  # let its puller thread finish
-
-
-@pytest.mark.parametrize("children", [1, 2, 3, 7, 16])
-def test_reduce_is_exact_and_independent_of_arrival_order(children: int, rng) -> None:
-    grads = [
-        {
-            "a": rng.standard_normal(50).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3)),
-            "b": rng.standard_normal((4, 4)).astype(np.float32),
-        }
-        for _ in range(children)
-    ]
-    expected = sum_in_order(grads)
-    for order in (range(children), reversed(range(children)), rng.permutation(children)):
-        up = FakeUpstream()
-        node = SwarmNodeLogic(children, up, timeout_s=5)
-        for c in order:
-            node.push_grads(0, 2, int(c), grads[c])
-        [(step, unit, out)] = up.pushed
-        assert (step, unit) == (0, 2)
-        for k in expected:
-            assert_array_equal(out[k], expected[k])  # bitwise: child order, not arrival order
-    exact = np.sum([g["a"].astype(np.float64) for g in grads], axis=0)
-    np.testing.assert_allclose(expected["a"], exact, rtol=1e-5, atol=1e-4)
-
-
-def test_reduce_rejects_duplicates_and_bad_children() -> None:
-    node = SwarmNodeLogic(2, FakeUpstream(), timeout_s=5)
-    node.push_grads(0, 0, 0, {"w": np.zeros(1, dtype=np.float32)})
-    with pytest.raises(ValueError, match="twice"):
-        node.push_grads(0, 0, 0, {"w": np.zeros(1, dtype=np.float32)})
-    with pytest.raises(ValueError, match="out of range"):
-        node.push_grads(0, 0, 2, {"w": np.zeros(1, dtype=np.float32)})
 
 
 def _shard(storage: Path | None = None) -> tuple[MemoryXShard, object]:
