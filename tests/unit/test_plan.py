@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
 

@@ -14,9 +14,15 @@ import pytest
 import yaml
 
 from testbed.slurm import SlurmCluster
-from tests.integration.backends.slurm_job import host_processes, slurm_jobs, tiny_gpt2, weightstream_run
+from tests.integration.backends.slurm_job import (
+    checkpoint_bytes,
+    host_processes,
+    slurm_jobs,
+    steps_logged,
+    tiny_gpt2,
+    weightstream_run,
+)
 from tests.integration.backends.slurm_service import SlurmService, slurm_jobs_named
-from tests.integration.backends.test_slurm_training import checkpoint_bytes, steps_logged
 
 # a Slurm cluster and real jobs each: in the slow phase, which CI runs too
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]

@@ -21,8 +21,10 @@ import pytest
 from testbed.slurm import SlurmCluster
 from tests.integration.backends.slurm_job import (
     PYTHONPATH,
+    checkpoint_bytes,
     host_processes,
     slurm_jobs,
+    steps_logged,
     tiny_gpt2,
     weightstream_run,
 )
@@ -30,16 +32,7 @@ from tests.integration.backends.slurm_job import (
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 TOKEN = re.compile(rb"[0-9a-f]{64}")  # a role credential as transport.auth makes them
-CHECKPOINT_FILES = ("model", "optimizer")
 STEPS = 40  # of the jobs a fault strikes mid-run
-
-
-def checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
-    """Every weight and optimizer file of ``checkpoint_<step>``, by name."""
-    ckpt = model_dir / f"checkpoint_{step}"
-    files = {f.name: f.read_bytes() for f in ckpt.glob("*.safetensors")}
-    assert {name.split("-")[0].split(".")[0] for name in files} == set(CHECKPOINT_FILES), sorted(files)
-    return files
 
 
 def assert_placed_where_it_ran(cluster: SlurmCluster, logs: Path) -> dict[str, str]:
@@ -110,11 +103,6 @@ def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], 
         assert proc.poll() is None, f"the run ended ({proc.returncode}) before {what}"
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.2)  # the run's files are its only signal to a test outside it
-
-
-def steps_logged(model_dir: Path) -> int:
-    metrics = model_dir / "metrics.jsonl"
-    return sum('"loss"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
 def root_pid(cluster: SlurmCluster, host: str, inner_pid: int) -> int:

@@ -4,7 +4,7 @@
 a real ``JobService`` in a temporary directory whose runners are ``CheckpointingRunner``: each job
 "trains" at once, writing what a real run leaves behind (a log, metrics, one complete checkpoint), so
 every route has something true to answer with and no role process starts. Tests that decide when jobs
-start and end pass runners of their own (``tests.unit.jobs.test_scheduler.Fleet``). ``ServeProcess``
+start and end pass runners of their own (``tests.fleet.Fleet``). ``ServeProcess``
 runs `weightstream serve` itself, for tests that measure the server process.
 """
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.integration.appliance import TINY, run
-from tests.integration.jobs.test_service import TOKEN, Service
+from tests.integration.jobs.service_process import TOKEN, Service
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 
@@ -43,7 +43,7 @@ def _env(url: str) -> dict[str, str]:
     return {**os.environ, "WEIGHTSTREAM_URL": url, "WEIGHTSTREAM_TOKEN": TOKEN}
 
 
-def _logged_steps(model_dir: Path) -> int:
+def logged_steps(model_dir: Path) -> int:
     """Steps done so far: metrics.jsonl gets one line per logged step (log_steps 1), none for a replay."""
     f = model_dir / "metrics.jsonl"
     return sum('"loss"' in line for line in f.read_text().splitlines()) if f.exists() else 0
@@ -81,7 +81,7 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
             model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
             killed: dict[str, int] = {}
             for role, after in VICTIMS:
-                _until(lambda a=after: _logged_steps(model_dir) >= a, f"step {after}")
+                _until(lambda a=after: logged_steps(model_dir) >= a, f"step {after}")
                 pid = json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed[role] = pid

@@ -29,8 +29,9 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.fleet import Fleet
 from tests.integration.appliance import TINY, weightstream_cmd
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.waiting import wait_until
 from weightstream.jobs.api import create_app
 from weightstream.jobs.grpc_api import serve_grpc
 from weightstream.jobs.service import JobService, QueueFull, ServiceConfig
@@ -78,7 +79,7 @@ class Coordinator:
         self._rest_thread.start()
         self.grpc, port = serve_grpc(self.service, TOKEN, "127.0.0.1:0")
         self.grpc_address = f"127.0.0.1:{port}"
-        wait_for(lambda: self.rest.started, lambda: "uvicorn to start", timeout=20)
+        wait_until(lambda: self.rest.started, lambda: "uvicorn to start", timeout=20)
 
     def submit(self, name: str) -> str:
         return self.service.submit(copy.deepcopy(TINY), 1, {"name": name}).id
@@ -175,7 +176,7 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
 ) -> None:
     c, store = coordinator, coordinator.service.store
     jobs = [c.submit("a"), c.submit("b")]
-    wait_for(lambda: c.fleet.started == ["a", "b"], lambda: f"a and b to start ({c.fleet.started})")
+    wait_until(lambda: c.fleet.started == ["a", "b"], lambda: f"a and b to start ({c.fleet.started})")
     submitted = [f"{api}-{i}" for api in ("rest", "grpc") for i in range(4)]
     c.fleet.instant.update(submitted)  # they queue behind a and b, then finish when they start
 
@@ -241,7 +242,7 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
 
     asyncio.run(scenario())
     for name in submitted:  # the submissions made while the streams were open were real jobs
-        wait_for(lambda n=name: c.fleet.runners.get(n) is not None, lambda n=name: f"{n} to start")
+        wait_until(lambda n=name: c.fleet.runners.get(n) is not None, lambda n=name: f"{n} to start")
 
 
 def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_path: Path) -> None:
@@ -249,7 +250,7 @@ def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_
     ``NaN`` in SQLite) is read as null: neither API sends a token a strict JSON parser rejects."""
     c, store = coordinator, coordinator.service.store
     job = c.submit("n")
-    wait_for(lambda: c.fleet.started == ["n"], lambda: "n to start")
+    wait_until(lambda: c.fleet.started == ["n"], lambda: "n to start")
     store.add_event(job, "step", {"step": 1, "loss": math.nan, "grads": [math.inf, -math.inf, 2.5]})
     with sqlite3.connect(store.path) as legacy:  # as an older version of the store wrote it
         legacy.execute(
@@ -257,7 +258,7 @@ def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_
             (job, time.time(), '{"eval_loss": NaN, "nested": {"x": [Infinity, -Infinity]}}'),
         )
     c.fleet.runners["n"].finish()
-    wait_for(lambda: store.get(job).status == "succeeded", lambda: "n to succeed")
+    wait_until(lambda: store.get(job).status == "succeeded", lambda: "n to succeed")
 
     sse = httpx.get(f"{c.url}/v1/jobs/{job}/events", params={"follow": False}, headers=REST_AUTH)
     rest_data = [_strict(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
@@ -281,7 +282,7 @@ def test_a_follower_that_goes_away_leaves_nothing_waiting(coordinator: Coordinat
     """A cancelled WatchJob and a closed event stream each take their waiter off the feed."""
     c, store = coordinator, coordinator.service.store
     job = c.submit("q")
-    wait_for(lambda: c.fleet.started == ["q"], lambda: "q to start")
+    wait_until(lambda: c.fleet.started == ["q"], lambda: "q to start")
 
     async def scenario() -> None:
         async with (

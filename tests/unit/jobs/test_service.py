@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.jobs.service import JobService, ServiceConfig
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard, StaleStepError
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import load_params, model_def, optimizer_config
@@ -21,12 +21,6 @@ def _shard(storage: Path | None = None) -> tuple[MemoryXShard, object]:
     model = model_def(p)
     opt = optimizer_config(p.optimizer)
     return MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=2, storage_dir=storage), model
-
-
-@pytest.fixture(params=["memory", "disk"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """A shard's tensors in RAM, or in files under tmp_path (runconfig.memoryx_storage: disk)."""
-    return tmp_path / "memoryx" if request.param == "disk" else None
 
 
 def test_memoryx_step_protocol(rng, storage: Path | None) -> None:

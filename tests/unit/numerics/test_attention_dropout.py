@@ -17,8 +17,8 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
-from tests.integration.appliance import TINY
 from tests.model_checks import assert_grads_match_finite_differences
+from tests.params_files import TINY
 from weightstream.numerics import (
     GPT2Config,
     ModelDef,

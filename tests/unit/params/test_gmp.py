@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.integration.test_sparsity_appliance import SPARSE_GPT2
+from tests.params_files import SPARSE_GPT2
 from weightstream.numerics.sparsity_schedule import LEVEL_KINDS, LevelSchedule, UpdateSchedule
 from weightstream.params import ParamsError, dump_params, load_params, model_def
 from weightstream.params.sparsity import model_density, sparsity_specs

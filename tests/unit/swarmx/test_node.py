@@ -4,29 +4,14 @@ exact and in child order whatever the order of arrival."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
+from tests.swarmx_fakes import FakeUpstream, TrickleUpstream
 from weightstream.swarmx.node import SwarmNodeLogic, sum_in_order
-
-
-class FakeUpstream:
-    def __init__(self) -> None:
-        self.fetches: list[tuple[int, int, int]] = []
-        self.pushed: list[tuple[int, int, dict[str, np.ndarray]]] = []
-        self.gate = threading.Event()
-
-    def fetch_unit(self, step: int, unit: int, pass_: int) -> list[dict[str, np.ndarray]]:
-        self.gate.wait(5)
-        self.fetches.append((step, unit, pass_))
-        return [{"w": np.full(3, float(step * 10 + unit), dtype=np.float32)}]
-
-    def push_grads(self, step: int, unit: int, grads: dict[str, np.ndarray]) -> None:
-        self.pushed.append((step, unit, grads))
 
 
 def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
@@ -40,16 +25,6 @@ def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
     assert all(len(r) == 1 and np.array_equal(r[0]["w"], results[0][0]["w"]) for r in results)
     list(node.get_unit(3, 1, 1))  # the backward pass is another broadcast
     assert up.fetches == [(3, 1, 0), (3, 1, 1)]
-
-
-class TrickleUpstream(FakeUpstream):
-    """Yields a unit's pieces one by one, the last only when told to."""
-
-    def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
-        yield "first"
-        yield "second"
-        self.gate.wait(5)
-        yield "last"
 
 
 def test_broadcast_is_cut_through_each_piece_goes_down_as_it_arrives() -> None:
