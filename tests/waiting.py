@@ -4,6 +4,7 @@ fixed sleep: a sleep is too short on a loaded machine and too long everywhere el
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -25,3 +26,19 @@ def wait_until(
             described = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout}s waiting for {described}")
         time.sleep(poll_s)
+
+
+async def wait_until_async(
+    predicate: Callable[[], object],
+    what: str | Callable[[], str],
+    timeout: float = 5.0,
+    poll_s: float = POLL_S,
+) -> None:
+    """``wait_until`` for a coroutine: the event loop runs on between looks (the state is often changed by
+    a task of this same loop)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {described}")
+        await asyncio.sleep(poll_s)

@@ -26,6 +26,12 @@ def steps_logged(model_dir: Path) -> int:
     return sum(1 for line in f.read_text().splitlines() if '"loss"' in line)
 
 
+def steps_logged_while_running(proc: subprocess.Popen[str], model_dir: Path) -> int:
+    """``steps_logged``, failing the test if the run has ended: for a wait on the run's progress."""
+    assert proc.poll() is None, proc.communicate()
+    return steps_logged(model_dir)
+
+
 def role_pid(model_dir: Path, role: str) -> int:
     return int(json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"])
 

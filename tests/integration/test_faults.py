@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,9 @@ from tests.integration.faults import (
     logged_losses,
     role_pid,
     start_run,
-    steps_logged,
+    steps_logged_while_running,
 )
+from tests.waiting import wait_until
 
 STEPS = 120
 
@@ -76,11 +76,7 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     struck: list[int] = []
     try:
         for step, role, sig in SCHEDULE:
-            deadline = time.monotonic() + 120
-            while steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, f"no progress to step {step}"
-                time.sleep(0.01)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
             pid = role_pid(model_dir, role)
             os.kill(pid, sig)
             struck.append(pid)
@@ -101,9 +97,19 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
     assert logged_losses(model_dir) == logged_losses(fault_free)
     assert not list(model_dir.glob(".recovery_*")), "recovery snapshots are scratch, removed at the end"
-    time.sleep(0.5)
-    alive = [p for p in struck if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert alive == [], "the stopped worker was left behind"
+
+    def alive() -> list[int]:
+        left = []
+        for pid in struck:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+    # the stopped worker among them: killed by the run, not left behind
+    wait_until(lambda: not alive(), lambda: f"every struck role to be gone ({alive()} are not)", 10)
 
 
 @pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run
@@ -117,11 +123,7 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     stopped = [(30, "memoryx-1"), (70, "worker-0")]
     try:
         for step, role in stopped:
-            deadline = time.monotonic() + 120
-            while steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, f"no progress to step {step}"
-                time.sleep(0.01)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
             os.kill(role_pid(model_dir, role), signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -150,10 +152,7 @@ def test_a_replacement_whose_data_is_gone_fails_the_job_instead_of_looping(tmp_p
     model_dir = tmp_path / "m"
     proc = start_run(params, model_dir)
     try:
-        deadline = time.monotonic() + 120
-        while steps_logged(model_dir) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
+        wait_until(lambda: steps_logged_while_running(proc, model_dir) >= 3, "step 3", 120)
         (data / "a.txt").unlink()
         os.kill(role_pid(model_dir, "activation-0"), signal.SIGKILL)
         _, err = proc.communicate(timeout=120)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,10 @@ from tests.integration.faults import (
     logged_losses,
     role_pid,
     start_run,
-    steps_logged,
+    steps_logged_while_running,
 )
 from tests.params_files import SPARSE_GPT2
+from tests.waiting import wait_until
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse import use_sparse_kernels
 from weightstream.numerics.sparse_masks import kept_count
@@ -202,9 +202,7 @@ def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path,
     proc = start_run(params, model_dir)
     try:
         for step, role in ((12, "memoryx-1"), (21, "worker-0")):
-            while steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.01)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
             os.kill(role_pid(model_dir, role), signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:

@@ -164,3 +164,100 @@ def test_no_unit_test_reaches_tests_integration() -> None:
             assert module is not None
             todo += [(dep, _rel(module)) for _, dep in _tests_imports(module)]
     assert not offenders, "\n".join(offenders)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# No synchronisation by sleep
+# ---------------------------------------------------------------------------------------------------------
+# Every sleep in tests/, by (file, the function it is in, dotted through the functions and classes around
+# it), and why it is one. A test that waits for another thread or process to reach a state polls that state
+# with tests/waiting.py's ``wait_until`` (or waits on an event the code sets): a fixed sleep is too short on
+# a loaded machine and wasted everywhere else. What stays is time the test means: a rate or a duration the
+# code measures, a moment chosen on purpose, an absence that only time can show, and the polling primitives
+# themselves. A sleep of the constant 0 waits for nothing (``asyncio.sleep(0)`` yields to the event loop
+# once, ``time.sleep(0)`` the CPU) and is not listed.
+SLEEPS_ALLOWED: dict[tuple[str, str], str] = {
+    ("tests/waiting.py", "wait_until"): "the polling primitive: the pause between two looks at the state",
+    ("tests/waiting.py", "wait_until_async"): "the polling primitive of coroutines, the same pause",
+    (
+        "tests/unit/jobs/test_job_changes.py",
+        "test_duration_counts_the_run_under_way",
+    ): "the code measures the run's wall time: time must pass for the duration to count, then stop",
+    (
+        "tests/unit/jobs/test_job_changes.py",
+        "test_label_changes_at_the_same_time_all_count.slow_read",
+    ): "a slow read widens the race window, so that unserialised changes would read the same labels",
+    (
+        "tests/unit/jobs/test_notify.py",
+        "test_follow_reads_the_store_once_per_change_and_ends_with_the_job.main",
+    ): "shows an absence: a quiet job is not read again, which only time can show",
+    (
+        "tests/integration/jobs/test_service.py",
+        "test_capacity_priorities_and_cancel",
+    ): "shows an absence: without a free slot no job starts; the scheduler, in another process, looks at "
+    "the queue at least every 0.5 s and says nothing when it starts none, so 1 s covers two of its looks",
+    (
+        "tests/integration/jobs/test_service_limits.py",
+        "test_cancel_at_any_moment_is_never_a_server_error.cancel_after",
+    ): "the delay is the schedule: cancels land at chosen moments of a job's life",
+    (
+        "tests/integration/test_data_plane.py",
+        "_role_memfds",
+    ): "a sampler, not a wait: the roles' memfds are read every 0.05 s for as long as the run goes on",
+    (
+        "tests/integration/test_channel_reconnect.py",
+        "test_a_channel_opened_after_a_replacement_connects_at_once",
+    ): "calls spaced in time, so that the old channel is in gRPC's reconnect backoff when the replacement "
+    "comes: the backoff is what the test is about",
+    (
+        "tests/integration/backends/test_container.py",
+        "PodmanPlayedBackend.wait_ready",
+    ): "a backend's wait_ready, as the coordinator calls it: it polls each pod's readiness probe as the "
+    "kubelet does and must raise BackendError, as backends do, when the time is up",
+    (
+        "tests/integration/backends/test_kubernetes_recovery.py",
+        "_fresh",
+    ): "the backend answers dead() from what it saw less than poll_s ago: poll_s must pass for it to ask "
+    "the API server again",
+}
+
+
+def _qualified_sleeps(tree: ast.Module) -> Iterator[tuple[int, str, str]]:
+    """(line, enclosing function's dotted name or "<module>", what was called) of every sleep call in
+    ``tree``: ``time.sleep``, a bare ``sleep``, any ``<x>.sleep`` (asyncio's, anyio's), except a sleep of
+    the constant 0."""
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> Iterator[tuple[int, str, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                yield from visit(child, (*scope, child.name))
+                continue
+            if isinstance(child, ast.Call):
+                func = child.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                zero = (
+                    bool(child.args) and isinstance(child.args[0], ast.Constant) and child.args[0].value == 0
+                )
+                if name == "sleep" and not zero:
+                    yield child.lineno, ".".join(scope) or "<module>", ast.unparse(func)
+            yield from visit(child, scope)
+
+    yield from visit(tree, ())
+
+
+def test_no_test_sleeps_to_wait_for_another_thread_or_process() -> None:
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in _python_files(TESTS):
+        text, tree = _source(path)
+        if "sleep" not in text:
+            continue
+        for line, scope, called in _qualified_sleeps(tree):
+            found.setdefault((_rel(path), scope), []).append(f"{_rel(path)}:{line} {called}() in {scope}")
+    unlisted = [call for key, calls in found.items() if key not in SLEEPS_ALLOWED for call in calls]
+    assert not unlisted, (
+        "a sleep that waits for another thread or process: wait for the state instead "
+        "(tests/waiting.py's wait_until, or an event the code sets); a sleep whose time is the point goes "
+        "in SLEEPS_ALLOWED with the reason\n" + "\n".join(unlisted)
+    )
+    stale = sorted(set(SLEEPS_ALLOWED) - set(found))
+    assert not stale, f"SLEEPS_ALLOWED lists functions that sleep no more: {stale}"

@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import subprocess
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.integration.appliance import TINY, weightstream_cmd
+from tests.waiting import wait_until
 from weightstream_client import Client
 
 TOKEN = "test-token-0123456789"
@@ -62,17 +63,17 @@ class Service:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited: {(self.data_dir.parent / f'serve-{port}.log').read_text()}")
-            time.sleep(0.1)
-        pytest.fail("serve did not become healthy within 60s")
+        wait_for(lambda: self._healthy(port), "serve to become healthy")
+        return self
+
+    def _healthy(self, port: int) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail(f"serve exited: {(self.data_dir.parent / f'serve-{port}.log').read_text()}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         for c in self.clients:
@@ -111,12 +112,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(cond: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.1)
+def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """``wait_until`` at the pace of these tests: each look is a request to the service or a read of a
+    job's files, so once every 0.1 s."""
+    wait_until(cond, what, timeout, poll_s=0.1)
 
 
 def logged_steps(model_dir: Path) -> list[int]:

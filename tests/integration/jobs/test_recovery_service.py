@@ -12,10 +12,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx
@@ -24,6 +22,7 @@ import yaml
 
 from tests.integration.appliance import TINY, run
 from tests.integration.jobs.service_process import TOKEN, Service
+from tests.waiting import wait_until
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 
@@ -49,14 +48,6 @@ def logged_steps(model_dir: Path) -> int:
     return sum('"loss"' in line for line in f.read_text().splitlines()) if f.exists() else 0
 
 
-def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.mark.slow  # ~20 s
 def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tmp_path: Path) -> None:
     params = json.loads(json.dumps(TINY))
@@ -76,12 +67,12 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
             text=True,
         )
         try:
-            _until(lambda: client.jobs(labels={"t": "recovery"}), "the submission")
+            wait_until(lambda: client.jobs(labels={"t": "recovery"}), "the submission", 60, poll_s=0.02)
             job = client.job(client.jobs(labels={"t": "recovery"})[0]["id"])
             model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
             killed: dict[str, int] = {}
             for role, after in VICTIMS:
-                _until(lambda a=after: logged_steps(model_dir) >= a, f"step {after}")
+                wait_until(lambda a=after: logged_steps(model_dir) >= a, f"step {after}", 60, poll_s=0.02)
                 pid = json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed[role] = pid

@@ -112,7 +112,7 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
     try:
         client = service.client()
         long_a = client.submit(job_params(max_steps=100000), num_csx=2)
-        wait_for(lambda: long_a.status() == "running")
+        wait_for(lambda: long_a.status() == "running", "long_a to run")
         low = client.submit(job_params(max_steps=2), num_csx=2, priority=3)
         high = client.submit(job_params(max_steps=2), num_csx=2, priority=1)
         doomed = client.submit(job_params(max_steps=2), num_csx=1, priority=3)
@@ -120,16 +120,16 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
         assert [low.status(), high.status(), doomed.status()] == ["queued"] * 3  # no slots: all wait
         assert doomed.cancel()["status"] == "cancelled"  # a queued job cancels at once
         model_dir = Path(long_a.info()["params"]["runconfig"]["model_dir"])
-        wait_for(lambda: len(role_pids(model_dir)) == 6)
+        wait_for(lambda: len(role_pids(model_dir)) == 6, "its six roles to be ready")
         pids = role_pids(model_dir)
-        wait_for(lambda: bool(long_a.metrics()["steps"]))  # it is training
+        wait_for(lambda: bool(long_a.metrics()["steps"]), "long_a's first step")  # it is training
         scrape = httpx.get(f"{service.url}/metrics").text
         assert f'weightstream_job_step{{job="{long_a.id}"}}' in scrape
         for status, n in (("running", 1), ("queued", 2), ("cancelled", 1)):  # `doomed` was cancelled above
             assert f'weightstream_jobs{{status="{status}"}} {n}.0' in scrape
         long_a.cancel()
-        wait_for(lambda: long_a.status() == "cancelled")
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)  # its processes are gone
+        wait_for(lambda: long_a.status() == "cancelled", "long_a to be cancelled")
+        wait_for(lambda: not any(alive(p) for p in pids), "its processes to end", 20)
         for job in (high, low):
             job.wait(progress=False, timeout_s=120)
         started = {
@@ -151,16 +151,16 @@ def test_jobs_survive_a_killed_service(tmp_path: Path) -> None:
     try:
         client = service.client()
         running = client.submit(job_params(max_steps=100000, autoload_last_checkpoint=False), num_csx=1)
-        wait_for(lambda: running.status() == "running")
+        wait_for(lambda: running.status() == "running", "the first job to run")
         resumable = client.submit(
             job_params(max_steps=100000), num_csx=1
         )  # autoload: resumes after a restart
         queued = client.submit(job_params(max_steps=2), num_csx=1)
         model_dir = Path(running.info()["params"]["runconfig"]["model_dir"])
-        wait_for(lambda: len(role_pids(model_dir)) == 5)
+        wait_for(lambda: len(role_pids(model_dir)) == 5, "its five roles to be ready")
         pids = role_pids(model_dir)
         service.stop(signal.SIGKILL)
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)  # roles follow their coordinator
+        wait_for(lambda: not any(alive(p) for p in pids), "the roles to follow their coordinator", 20)
         service.start()
         client = service.client()
         info = client.job(running.id).info()
@@ -187,7 +187,7 @@ def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_p
     try:
         job = service.client().submit(params, num_csx=1)
         model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
-        wait_for(lambda: len(role_pids(model_dir)) == 5)  # 2 MemoryX, SwarmX, activation, worker
+        wait_for(lambda: len(role_pids(model_dir)) == 5, "2 MemoryX, SwarmX, activation, worker ready")
         pids.update(role_pids(model_dir))
 
         def past_a_checkpoint() -> bool:  # killed between checkpoints: the steps after one are redone
@@ -196,9 +196,9 @@ def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_p
             cps = complete_checkpoints(model_dir)
             return bool(cps) and max(logged_steps(model_dir), default=0) > cps[-1][0]
 
-        wait_for(past_a_checkpoint, timeout=120)
+        wait_for(past_a_checkpoint, "a step past a checkpoint", 120)
         service.stop(signal.SIGKILL)
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)  # roles follow the service
+        wait_for(lambda: not any(alive(p) for p in pids), "the roles to follow the service", 20)
         done_before = max(logged_steps(model_dir))
         resume_step = complete_checkpoints(model_dir)[-1][0]
         assert every <= resume_step < done_before < max_steps, (resume_step, done_before)
@@ -207,7 +207,7 @@ def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_p
         job = service.client().job(job.id)
         info = job.wait(progress=False, timeout_s=180)
         pids.update(role_pids(model_dir))
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)  # the resumed run's roles too
+        wait_for(lambda: not any(alive(p) for p in pids), "the resumed run's roles to end", 20)
         history = info["history"]
         assert [h["status"] for h in history] == ["queued", "running", "queued", "running", "succeeded"]
         assert "service restarted" in history[2]["reason"]

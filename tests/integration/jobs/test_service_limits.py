@@ -100,14 +100,14 @@ def test_a_job_out_of_time_fails_naming_its_limit_and_old_checkpoints_go(tmp_pat
         endless = service.submit(
             job_params(max_steps=500_000, checkpoint_steps=5, rpc_timeout_s=8), num_csx=1
         )
-        wait_for(lambda: service.is_terminal(short.id), timeout=120)
+        wait_for(lambda: service.is_terminal(short.id), "the short job to end", 120)
         pids.update(role_pids(Path(short.model_dir)))
         assert service.store.get(short.id).status == "succeeded", service.store.get(short.id).error
         assert [s for s, _ in complete_checkpoints(Path(short.model_dir))] == [4, 5]
         assert "removed checkpoint" in (Path(short.model_dir) / "run.log").read_text()
 
         started = time.monotonic()
-        wait_for(lambda: service.is_terminal(endless.id), timeout=60)
+        wait_for(lambda: service.is_terminal(endless.id), "the endless job to end")
         record = service.store.get(endless.id)
         pids.update(role_pids(Path(endless.model_dir)))
         assert record.status == "failed"
@@ -116,7 +116,7 @@ def test_a_job_out_of_time_fails_naming_its_limit_and_old_checkpoints_go(tmp_pat
         if last:  # the message names the checkpoint a resubmission could start from
             assert f"its last checkpoint is {last[-1][1]} (step {last[-1][0]})" in (record.error or "")
         assert time.monotonic() - started < 60  # generous: the limit is 8 s from the job's start
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)
+        wait_for(lambda: not any(alive(p) for p in pids), "every role to end", 20)
     finally:
         service.shutdown()
         stop_leftovers(pids, tmp_path)
@@ -158,7 +158,7 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
                     lambda j=job_id: (
                         client.get(f"/v1/jobs/{j}").json()["status"] in ("succeeded", "cancelled", "failed")
                     ),
-                    timeout=60,
+                    f"job {job_id} to end",
                 )
         assert codes and set(codes) <= {200, 409}, codes
         statuses = [client.get(f"/v1/jobs/{j}").json() for j in jobs]
@@ -166,7 +166,7 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
             (s["status"], s["error"]) for s in statuses
         ]
         pids = [p for j in statuses for p in role_pids(Path(j["params"]["runconfig"]["model_dir"]))]
-        wait_for(lambda: not any(alive(p) for p in pids), timeout=20)
+        wait_for(lambda: not any(alive(p) for p in pids), "every role to end", 20)
     finally:  # closed on a failure too: a leaked socket's ResourceWarning would fail a later test
         client.close()
         service.stop()

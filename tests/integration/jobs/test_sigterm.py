@@ -41,7 +41,7 @@ def test_sigterm_requeues_a_running_job_which_resumes_after_a_restart(tmp_path: 
     try:
         job = service.client().submit(params, num_csx=1)
         model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
-        wait_for(lambda: len(role_pids(model_dir)) == 5)
+        wait_for(lambda: len(role_pids(model_dir)) == 5, "its five roles to be ready")
         pids.update(role_pids(model_dir))
 
         def past_a_checkpoint() -> bool:
@@ -50,7 +50,7 @@ def test_sigterm_requeues_a_running_job_which_resumes_after_a_restart(tmp_path: 
             cps = complete_checkpoints(model_dir)
             return bool(cps) and max(logged_steps(model_dir), default=0) > cps[-1][0]
 
-        wait_for(past_a_checkpoint, timeout=120)
+        wait_for(past_a_checkpoint, "a step past a checkpoint", 120)
 
         def follow() -> None:  # a client following the job's events must not hold the shutdown up
             with contextlib.suppress(Exception):
