@@ -16,11 +16,13 @@ from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import load_params, model_def, optimizer_config
 
 
-def _shard(storage: Path | None = None) -> tuple[MemoryXShard, object]:
+def _shard(storage: Path | None = None, timeout_s: float = 2) -> tuple[MemoryXShard, object]:
     p = load_params(TINY)
     model = model_def(p)
     opt = optimizer_config(p.optimizer)
-    return MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=2, storage_dir=storage), model
+    return MemoryXShard(
+        model, opt, list(model.specs), seed=7, timeout_s=timeout_s, storage_dir=storage
+    ), model
 
 
 def test_memoryx_step_protocol(rng, storage: Path | None) -> None:
@@ -45,7 +47,7 @@ def test_memoryx_step_protocol(rng, storage: Path | None) -> None:
 def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(
     rng, storage: Path | None
 ) -> None:
-    shard, model = _shard(storage)
+    shard, model = _shard(storage, timeout_s=0.2)  # it times out: how long it waits is not the point
     for u, unit in enumerate(model.units[:-1]):  # the head's gradient (with its share of wte) is missing
         shard.add_gradient(0, u, {n: np.ones(model.specs[n].shape, np.float32) for n in unit.param_names})
     with pytest.raises(TimeoutError, match=r"transformer.wte.weight.*\[3\]"):
