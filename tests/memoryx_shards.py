@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.memoryx.state import ShardState
 from weightstream.memoryx.store import TensorStore

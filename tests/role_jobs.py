@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.params import load_params
 from weightstream.plan import JobSpec, make_plan
 from weightstream.transport.plane import PLANE_METADATA, SHARED_MEMORY

@@ -1,12 +1,14 @@
 """Independent PyTorch references for the numerics tests (torch is a test-only dependency).
 
 Written with ``torch.nn.functional`` from the same Hugging Face-named tensors, sharing no code with
-weightstream's numpy implementation.
+weightstream's numpy implementation; where transformers has the function itself (RoPE's frequencies), its
+own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,3 +77,14 @@ def assert_layer_matches_torch(
     assert_allclose(y, ref_y.detach().numpy(), rtol=rtol, atol=atol)
     for k, (g, ref) in enumerate(zip(grads, ref_inputs, strict=True)):
         assert_allclose(g, ref.grad.numpy(), rtol=rtol, atol=atol, err_msg=f"input {k}")
+
+
+def hf_inv_freq(config: Any) -> np.ndarray:
+    """transformers' own RoPE inverse frequencies for a ``LlamaConfig`` (float32, its dtype), from its
+    ``ROPE_INIT_FUNCTIONS``: the reference for weightstream's RoPE scaling."""
+    from transformers import modeling_rope_utils
+
+    kind = config.rope_parameters["rope_type"]
+    inv_freq, attention_factor = modeling_rope_utils.ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    assert attention_factor == 1.0  # linear and llama3 scale no cos/sin
+    return inv_freq.numpy()

@@ -1,4 +1,5 @@
-"""Helpers for running the appliance the way a user does: `weightstream run` in a subprocess."""
+"""Helpers for running the appliance the way a user does: `weightstream run` in a subprocess. ``TINY``
+(tests/params_files.py) is the job they run unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -9,58 +10,19 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
 
 import numpy as np
 import yaml
+from safetensors.numpy import load_file
 
-# A GPT-2 small enough that a run of a dozen steps takes seconds, with every kind of unit in it.
-TINY: dict[str, Any] = {
-    "train_input": {
-        "data_processor": "SyntheticDataProcessor",
-        "batch_size": 8,
-        "max_sequence_length": 16,
-        "shuffle_seed": 3,
-    },
-    "eval_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 8, "max_sequence_length": 16},
-    "model": {
-        "name": "gpt2",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 64,
-        "max_position_embeddings": 16,
-    },
-    "optimizer": {
-        "optimizer_type": "adamw",
-        "betas": [0.9, 0.95],
-        "weight_decay": 0.01,
-        "max_gradient_norm": 1.0,
-        "learning_rate": [
-            {
-                "scheduler": "Linear",
-                "initial_learning_rate": 0.0,
-                "end_learning_rate": 3.0e-3,
-                "total_iters": 3,
-            },
-            {
-                "scheduler": "CosineDecay",
-                "initial_learning_rate": 3.0e-3,
-                "end_learning_rate": 3.0e-4,
-                "total_iters": 9,
-            },
-        ],
-    },
-    "runconfig": {
-        "max_steps": 8,
-        "log_steps": 1,
-        "eval_steps": 2,
-        "seed": 7,
-        "num_wgt_servers": 2,
-        "rpc_timeout_s": 60.0,
-    },
-}
+from tests.params_files import TINY
+
+# A run's losses against the reference trainer's, relative: float32 rounding (the tree sums gradients in
+# another order than the reference, and the global norm is summed per shard); after 8 AdamW steps of TINY
+# they agree to about 1e-6.
+LOSS_RTOL = 2e-5
 
 
 def write_params(tmp: Path, **runconfig: Any) -> Path:
@@ -68,6 +30,83 @@ def write_params(tmp: Path, **runconfig: Any) -> Path:
     p["runconfig"].update(runconfig)
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(p))
+    return path
+
+
+def write_llama_params(tmp: Path, **runconfig: Any) -> Path:
+    """A LLaMA params file in ``tmp`` (``runconfig`` over its own): rotary, RMSNorm, SwiGLU, 2 kv groups of 4
+    heads, no biases, untied embeddings, byte-level text: the Python documentation's topics that ship with
+    Python (pydoc_data; English that does not change from one commit of ours to the next), 40 to train on,
+    the next 10 held out."""
+    names = sorted(topics)
+    for split, part in (("train", names[:40]), ("eval", names[40:50])):
+        text = "\n\n".join(topics[n] for n in part).encode("utf-8")
+        (tmp / split).mkdir(exist_ok=True)
+        (tmp / split / "part.txt").write_bytes(text)
+    params = {
+        "train_input": {
+            "data_processor": "TextFileDataProcessor",
+            "data_dir": str(tmp / "train"),
+            "batch_size": 8,
+            "max_sequence_length": 32,
+            "shuffle_seed": 1,
+        },
+        "eval_input": {
+            "data_processor": "TextFileDataProcessor",
+            "data_dir": str(tmp / "eval"),
+            "batch_size": 8,
+            "max_sequence_length": 32,
+        },
+        "model": {
+            "name": "llama",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_heads": 4,
+            "filter_size": 172,
+            "max_position_embeddings": 64,
+            "position_embedding_type": "rotary",
+            "rope_theta": 10000.0,
+            "norm_type": "rmsnorm",
+            "nonlinearity": "swiglu",
+            "attention_module": "multiquery_attention",
+            "extra_attention_params": {"num_kv_groups": 2},
+            "use_ffn_bias": False,
+            "use_projection_bias_in_attention": False,
+            "use_ffn_bias_in_attention": False,
+            "share_embedding_weights": False,
+        },
+        "optimizer": {
+            "optimizer_type": "adamw",
+            "betas": [0.9, 0.95],
+            "weight_decay": 0.1,
+            "max_gradient_norm": 1.0,
+            "learning_rate": [
+                {
+                    "scheduler": "Linear",
+                    "initial_learning_rate": 0.0,
+                    "end_learning_rate": 1e-2,
+                    "total_iters": 5,
+                },
+                {
+                    "scheduler": "CosineDecay",
+                    "initial_learning_rate": 1e-2,
+                    "end_learning_rate": 1e-3,
+                    "total_iters": 115,
+                },
+            ],
+        },
+        "runconfig": {
+            "max_steps": 120,
+            "log_steps": 1,
+            "eval_steps": 4,
+            "seed": 3,
+            "num_wgt_servers": 2,
+            **runconfig,
+        },
+    }
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
     return path
 
 
@@ -134,3 +173,11 @@ def resume_copy(params: Path, checkpoint: Path, model_dir: Path, num_csx: str) -
     assert r.returncode == 0, r.stderr
     assert "resuming from" in r.stdout
     return model_dir
+
+
+def checkpoint_weights(model_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every weight of ``checkpoint_<step>``, merged over the MemoryX shards' model files."""
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted((model_dir / f"checkpoint_{step}").glob("model*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors

@@ -12,13 +12,17 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, resume_copy, run, transformers_loss, write_params
+from tests.integration.appliance import (
+    LOSS_RTOL,
+    checkpoint_weights,
+    metrics,
+    resume_copy,
+    run,
+    transformers_loss,
+    write_params,
+)
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
-
-# float32 rounding: the tree sums gradients in another order than the reference, and the global norm
-# is summed per shard; after 8 AdamW steps the losses agree to about 1e-6 relative.
-LOSS_RTOL = 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +159,6 @@ def test_micro_batches_accumulate_to_the_same_step(tmp_path: Path, reference) ->
         assert_allclose(losses[step], loss, rtol=LOSS_RTOL, err_msg=f"step {step}")
 
 
-def _checkpoint_tensors(model_dir: Path, step: int) -> dict[str, np.ndarray]:
-    """Every weight of ``checkpoint_<step>``, merged over the MemoryX shards' model files."""
-    tensors: dict[str, np.ndarray] = {}
-    for f in sorted((model_dir / f"checkpoint_{step}").glob("model*.safetensors")):
-        tensors.update(load_file(f))
-    return tensors
-
-
 def _recompute_params(tmp: Path, **extra: int) -> Path:
     """A GPT-2 just large enough that ``worker_memory_mb=1`` cannot keep every activation: two workers
     with shards of 16 samples; the memory planner picks micro-batches of 4, and about half of the (unit,
@@ -214,7 +210,7 @@ def test_memory_budget_recomputes_in_backward_and_matches_the_reference(tmp_path
         assert_allclose(rows[s.step]["loss"], s.loss, rtol=LOSS_RTOL, err_msg=f"loss, step {s.step}")
         # the norm is summed in float64 per tensor: only float32 rounding of the gradients (~1e-8) differs
         assert_allclose(rows[s.step]["grad_norm"], s.grad_norm, rtol=1e-6, err_msg=f"|g|, step {s.step}")
-    weights = _checkpoint_tensors(budget, 3)
+    weights = checkpoint_weights(budget, 3)
     assert sorted(weights) == sorted(trainer.weights)
     for name, w in trainer.weights.items():
         assert_allclose(weights[name], w, rtol=1e-5, atol=WEIGHT_ATOL, err_msg=name)

@@ -1,5 +1,5 @@
 """Attention dropout's kernel against the one before it, read from git history (``git show``): without a
-mask it is bitwise the same. The rest is in tests/unit/test_attention_dropout.py."""
+mask it is bitwise the same. The rest is in tests/unit/numerics/test_attention_dropout.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def _kernel_of(commit: str) -> ModuleType:
 @pytest.mark.parametrize("t", [10, 300])
 def test_without_a_mask_the_kernel_is_bitwise_the_one_before_attention_dropout(t: int, rng) -> None:
     """In float64: the numpy passes, as they were. float32 has run numba kernels since (numerics/_fused.py,
-    checked against torch and float64 in test_fused_kernels.py), so its bits moved on purpose."""
+    checked against torch and float64 in tests/unit/numerics/test_fused_kernels.py), so its bits moved on
+    purpose."""
     before = _kernel_of(BEFORE)
     b, c, h = 2, 48, 6
     qkv = rng.standard_normal((b, t, 3 * c))

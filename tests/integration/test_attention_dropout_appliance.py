@@ -12,11 +12,10 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose
 
-from tests.integration.appliance import run, write_params
+from tests.integration.appliance import LOSS_RTOL, run, write_params
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 
-LOSS_RTOL = 2e-5  # float32 rounding between reduction orders (see test_appliance.py)
 STEPS = 3
 _MEMORY_LOG = re.compile(r"micro-batch (\d+), (\d+) unit forward passes recomputed in backward")
 

@@ -1,5 +1,5 @@
 """bench/chaos.py's smoke run end to end (slow): the appliance recovers from every kind of fault bit for
-bit. Its schedule and summary are tested in tests/unit/test_bench_chaos.py."""
+bit. Its schedule and summary are tested in tests/unit/bench/test_chaos.py."""
 
 from __future__ import annotations
 

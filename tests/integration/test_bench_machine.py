@@ -1,5 +1,5 @@
 """bench/machine.py in a bench run as a script: its JSON line leads with the machine, date, command and
-commit. The reading of the machine is tested in tests/unit/test_bench_machine.py."""
+commit. The reading of the machine is tested in tests/unit/bench/test_machine.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """bench/peer.py end to end in a tiny config, run as a script: its one JSON line, its figures and ratios,
 and that the PyTorch peer trains the same model on the same data as the appliance (the losses agree). Its
-functions are tested in tests/unit/test_bench_peer.py."""
+functions are tested in tests/unit/bench/test_peer.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """bench/rpc_costs.py run as a script: its one JSON line carries per-unit costs over both transports whose
-ratios are their quotients. Its server and measurements are tested in tests/unit/test_bench_rpc_costs.py."""
+ratios are their quotients. Its server and measurements are tested in tests/unit/bench/test_rpc_costs.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """bench/streaming.py end to end in a tiny config, run as a script: its one JSON line, the figures the
 performance targets read, and the overhead ratio as the median of pairs. Its arithmetic is tested in
-tests/unit/test_bench_streaming.py."""
+tests/unit/bench/test_streaming.py."""
 
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ def test_a_channel_opened_after_a_replacement_connects_at_once() -> None:
     old = _serve(port)
     before = open_channel(f"127.0.0.1:{port}", "token", generation=1)
     assert _call(before) == b"ping"
-    old.stop(0)
-    time.sleep(0.2)
+    assert old.stop(0).wait(5)  # gone: its port refuses connections
     for _ in range(3):  # calls to the dead role: refused, and this channel backs off before connecting again
         try:
             _call(before)

@@ -7,11 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.waiting import wait_until
 
 EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
 
@@ -101,9 +102,7 @@ def test_health_asks_a_live_role(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(ready.exists, "the role's ready file", 30)
         said = json.loads(ready.read_text())
         address = said["address"]
         assert said["host"] == socket.gethostname() and said["pid"] == role.pid  # where it runs
@@ -142,12 +141,16 @@ def test_a_role_on_a_lifeline_ends_when_its_standard_input_closes(tmp_path: Path
     try:
         role.stdin.write(b"cd" * 32 + b"\n")  # the credential: its line, and the pipe stays open
         role.stdin.flush()
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
+
+        def ready_while_running() -> bool:
             assert role.poll() is None, role.communicate()[1].decode()[-2000:]
-            time.sleep(0.05)
-        time.sleep(1.0)
-        assert role.poll() is None  # the credential read, the role serves while the pipe is open
+            return ready.exists()
+
+        wait_until(ready_while_running, "the role's ready file", 30)
+        # the credential read, the role serves while the pipe is open: it answers
+        address = json.loads(ready.read_text())["address"]
+        assert weightstream("health", "--address", address).returncode == 0
+        assert role.poll() is None
         role.stdin.close()
         role.wait(timeout=20)  # its few log lines fit the pipe
     finally:

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from tests.integration.appliance import TINY, weightstream_cmd
+from tests.waiting import wait_until
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is a test dependency: pip install -e .[test]"
@@ -135,9 +135,12 @@ def test_health_finds_the_role_through_the_environment_as_the_pods_probe_does(tm
         assert role.stdin is not None
         role.stdin.write(b"ab" * 32 + b"\n")
         role.stdin.close()
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline and role.poll() is None:
-            time.sleep(0.05)
+
+        def ready_while_running() -> bool:
+            assert role.poll() is None, "the role ended before it was ready"
+            return ready.exists()
+
+        wait_until(ready_while_running, "the role's ready file", 30)
         address = json.loads(ready.read_text())["address"]
         r = weightstream("health", env={"WEIGHTSTREAM_ROLE_ADDRESS": address})
         assert r.returncode == 0, r.stderr

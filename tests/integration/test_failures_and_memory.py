@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.integration.appliance import TINY, metrics, run, sigint_at_default, weightstream_cmd, write_params
+from tests.waiting import wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -40,16 +41,21 @@ def _start_long_run(tmp_path: Path, **runconfig: object) -> tuple[subprocess.Pop
         text=True,
         preexec_fn=sigint_at_default,
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # wait until it is really training
-        f = model_dir / "metrics.jsonl"
-        if f.exists() and len(f.read_text().splitlines()) >= 3:
-            return proc, model_dir
+
+    def training() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"run ended early: {proc.communicate()}")
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail("run did not start training within 90s")
+        f = model_dir / "metrics.jsonl"
+        return f.exists() and len(f.read_text().splitlines()) >= 3
+
+    try:
+        wait_until(training, "the run to be really training (three lines of metrics)", 90, poll_s=0.1)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        raise
+    return proc, model_dir
 
 
 @pytest.mark.parametrize("victim", ["worker-1", "memoryx-0", "swarmx-0"])
@@ -73,8 +79,11 @@ def test_a_role_lost_past_the_restart_budget_fails_the_job_fast_and_leaves_nothi
     assert victim in stderr and "SIGKILL" in stderr, stderr
     assert "runconfig.max_role_restarts (0)" in stderr and "faults of this run:" in stderr, stderr
     assert elapsed < 15, f"took {elapsed:.1f}s to notice"
-    time.sleep(0.5)
-    assert [n for n, pid in pids.items() if _alive(pid)] == []
+    wait_until(
+        lambda: not any(_alive(pid) for pid in pids.values()),
+        lambda: f"every role to end ({[n for n, pid in pids.items() if _alive(pid)]} are running)",
+        10,
+    )
     assert "job failed" in (model_dir / "run.log").read_text()
 
 
@@ -83,10 +92,12 @@ def test_roles_exit_when_the_coordinator_is_killed(tmp_path: Path) -> None:
     pids = _role_pids(model_dir)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
-        time.sleep(0.2)
-    assert [n for n, pid in pids.items() if _alive(pid)] == [], "roles outlived their coordinator"
+    wait_until(
+        lambda: not any(_alive(p) for p in pids.values()),
+        lambda: f"the roles to follow their coordinator ({[n for n, p in pids.items() if _alive(p)]} run on)",
+        15,
+        poll_s=0.2,
+    )
 
 
 def test_sigint_stops_every_role(tmp_path: Path) -> None:

@@ -10,18 +10,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
 import yaml
-from safetensors.numpy import load_file
 
-from tests.integration.appliance import TINY, weightstream_cmd
+from tests.integration.appliance import TINY
+from tests.integration.faults import (
+    assert_checkpoints_bitwise_equal,
+    logged_losses,
+    role_pid,
+    start_run,
+    steps_logged_while_running,
+)
+from tests.waiting import wait_until
 
 STEPS = 120
 
@@ -45,41 +49,10 @@ def _params(tmp: Path, **runconfig: Any) -> Path:
     return path
 
 
-def _start(params: Path, model_dir: Path) -> subprocess.Popen[str]:
-    cmd = [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _steps_logged(model_dir: Path) -> int:
-    f = model_dir / "metrics.jsonl"
-    if not f.exists():
-        return 0
-    return sum(1 for line in f.read_text().splitlines() if '"loss"' in line)
-
-
-def _pid(model_dir: Path, role: str) -> int:
-    return int(json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"])
-
-
-def _losses(model_dir: Path) -> list[tuple[int, Any, Any]]:
-    records = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r.get("loss"), r.get("eval_loss")) for r in records]
-
-
-def _assert_bitwise_equal(a: Path, b: Path) -> None:
-    files = sorted(p.name for p in a.glob("*.safetensors"))
-    assert files and files == sorted(p.name for p in b.glob("*.safetensors"))
-    for name in files:
-        x, y = load_file(a / name), load_file(b / name)
-        assert x.keys() == y.keys()
-        for k in x:
-            assert np.array_equal(x[k], y[k]), f"{name}: {k} differs"
-
-
 @pytest.fixture(scope="module")
 def fault_free(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("fault_free")
-    proc = _start(_params(tmp), tmp / "m")
+    proc = start_run(_params(tmp), tmp / "m")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return tmp / "m"
@@ -99,16 +72,12 @@ SCHEDULE = [
 @pytest.mark.slow  # ~35 s: two 120-step runs
 def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, fault_free: Path) -> None:
     model_dir = tmp_path / "m"
-    proc = _start(_params(tmp_path), model_dir)
+    proc = start_run(_params(tmp_path), model_dir)
     struck: list[int] = []
     try:
         for step, role, sig in SCHEDULE:
-            deadline = time.monotonic() + 120
-            while _steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, f"no progress to step {step}"
-                time.sleep(0.01)
-            pid = _pid(model_dir, role)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            pid = role_pid(model_dir, role)
             os.kill(pid, sig)
             struck.append(pid)
         out, err = proc.communicate(timeout=300)
@@ -125,12 +94,22 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     assert run_log.count("replacing it") == len(SCHEDULE)
     assert "replaying 4 steps from step 0" in run_log  # the first MemoryX loss: back to the seed's state
     # the end result: bitwise the fault-free run's checkpoint, and the same losses with no step twice
-    _assert_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
-    assert _losses(model_dir) == _losses(fault_free)
+    assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert logged_losses(model_dir) == logged_losses(fault_free)
     assert not list(model_dir.glob(".recovery_*")), "recovery snapshots are scratch, removed at the end"
-    time.sleep(0.5)
-    alive = [p for p in struck if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert alive == [], "the stopped worker was left behind"
+
+    def alive() -> list[int]:
+        left = []
+        for pid in struck:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+    # the stopped worker among them: killed by the run, not left behind
+    wait_until(lambda: not alive(), lambda: f"every struck role to be gone ({alive()} are not)", 10)
 
 
 @pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run
@@ -140,16 +119,12 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     SIGTERM) while its peers are mid-step. The job replaces it and ends bitwise where a fault-free run
     does."""
     model_dir = tmp_path / "m"
-    proc = _start(_params(tmp_path), model_dir)
+    proc = start_run(_params(tmp_path), model_dir)
     stopped = [(30, "memoryx-1"), (70, "worker-0")]
     try:
         for step, role in stopped:
-            deadline = time.monotonic() + 120
-            while _steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, f"no progress to step {step}"
-                time.sleep(0.01)
-            os.kill(_pid(model_dir, role), signal.SIGTERM)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            os.kill(role_pid(model_dir, role), signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -158,8 +133,8 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     for _, role in stopped:
         assert any(role in line and "stopped on SIGTERM" in line for line in out.splitlines()), out
     assert (model_dir / "run.log").read_text().count("replacing it") == len(stopped)
-    _assert_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
-    assert _losses(model_dir) == _losses(fault_free)
+    assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert logged_losses(model_dir) == logged_losses(fault_free)
 
 
 def test_a_replacement_whose_data_is_gone_fails_the_job_instead_of_looping(tmp_path: Path) -> None:
@@ -175,14 +150,11 @@ def test_a_replacement_whose_data_is_gone_fails_the_job_instead_of_looping(tmp_p
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(p))
     model_dir = tmp_path / "m"
-    proc = _start(params, model_dir)
+    proc = start_run(params, model_dir)
     try:
-        deadline = time.monotonic() + 120
-        while _steps_logged(model_dir) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
+        wait_until(lambda: steps_logged_while_running(proc, model_dir) >= 3, "step 3", 120)
         (data / "a.txt").unlink()
-        os.kill(_pid(model_dir, "activation-0"), signal.SIGKILL)
+        os.kill(role_pid(model_dir, "activation-0"), signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -1,6 +1,6 @@
 """The workers' matrix-product engine (numerics/_gemm.py) across processes: products are bitwise the same
 across processes, alignments and a torch in the process, and numpy can be forced. The rest is in
-tests/unit/test_gemm.py."""
+tests/unit/numerics/test_gemm.py."""
 
 from __future__ import annotations
 

@@ -16,55 +16,19 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose
 
-from tests.integration.appliance import TINY, metrics, run
-from tests.integration.test_appliance import LOSS_RTOL, _checkpoint_tensors
+from tests.integration.appliance import LOSS_RTOL, TINY, checkpoint_weights, metrics, run
+from tests.integration.hdf5_corpus import SEQ, byte_documents, write_corpus
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 
 h5py = pytest.importorskip("h5py", reason="GptHDF5MapDataProcessor reads HDF5 with h5py")
 
-SEQ = 32  # max_sequence_length
 STEPS = 40
-EOS = 0  # byte 0 does not occur in text, so it can end a document
 # Two workers against one: the same steps, but float32 gradient sums in another order (two shards summed
 # by SwarmX), and Adam turns the ~1e-7 differences of near-zero gradients into whole updates of ~lr, so
 # after 40 steps the weights differ by ~1e-4 (measured 7e-5); a wrong denominator on either side
 # scales every update from step 1 and shows in the losses first (a step's loss off by the ratio).
 WEIGHT_ATOL_40 = 1e-3
-
-
-def byte_documents(text: str) -> list[np.ndarray]:
-    """Lines of ``text`` (10 bytes or more) as UTF-8 byte ids (vocabulary 256), each ended by EOS. Lines
-    are short documents: a good part of the tokens end up as padding."""
-    assert chr(EOS) not in text
-    lines = [line.strip() for line in text.splitlines() if len(line.strip()) >= 10]
-    return [np.frombuffer(line.encode() + bytes([EOS]), dtype=np.uint8).astype(np.int32) for line in lines]
-
-
-def samples(doc: np.ndarray) -> np.ndarray:
-    """[k, 3, SEQ] samples of one document: windows of SEQ + 1 tokens (input_ids, next-token labels);
-    the last window is padded (ids 0, attention_mask 0, labels 0), as ModelZoo's preprocessing does."""
-    out = []
-    for start in range(0, len(doc) - 1, SEQ):
-        w = doc[start : start + SEQ + 1]
-        s = np.zeros((3, SEQ), np.int32)
-        n = len(w) - 1
-        s[0, :n], s[1, :n], s[2, :n] = w[:-1], 1, w[1:]
-        out.append(s)
-    return np.stack(out)
-
-
-def write_corpus(where: Path, docs: list[np.ndarray], files: int) -> int:
-    """Documents round-robin into ``files`` .h5 files; returns the number of samples."""
-    where.mkdir(parents=True)
-    total = 0
-    for f in range(files):
-        data = np.concatenate([samples(d) for d in docs[f::files]])
-        with h5py.File(where / f"part-{f:02d}.h5", "w") as h:
-            h.create_dataset("data", data=data)
-            h.attrs["n_examples"] = len(data)
-        total += len(data)
-    return total
 
 
 def hdf5_params(tmp: Path) -> Path:
@@ -113,7 +77,7 @@ def test_hdf5_with_padding_trains_the_same_on_one_and_two_workers(tmp_path: Path
         assert_allclose([losses[s] for s in range(1, STEPS + 1)], ref_losses, rtol=LOSS_RTOL, err_msg=f"{n}")
         assert_allclose(evals[STEPS], ref_eval, rtol=LOSS_RTOL)
         assert np.mean([losses[s] for s in range(STEPS - 4, STEPS + 1)]) < losses[1] - 1.5  # ln 256 = 5.5
-    one, two = (_checkpoint_tensors(runs[n], STEPS) for n in (1, 2))
+    one, two = (checkpoint_weights(runs[n], STEPS) for n in (1, 2))
     assert sorted(one) == sorted(two) == sorted(ref.weights)
     for name, w in ref.weights.items():  # one worker computes exactly what the reference computes
         np.testing.assert_array_equal(one[name], w, err_msg=name)

@@ -256,21 +256,23 @@ def test_a_stalled_thread_does_not_hold_back_the_other_tasks(monkeypatch: pytest
     busy machine) the other takes every task left, instead of a fixed share of them waiting behind it.
     Every task runs exactly once."""
     import threading
-    import time
 
     monkeypatch.setattr(blocked, "THREADS", 2)
     monkeypatch.setattr(blocked, "_pool", None)  # a pool of THREADS - 1 threads, whatever this machine has
     ran: list[tuple[int, int]] = []
     lock = threading.Lock()
+    others_done = threading.Event()
 
     def task(i: int) -> None:
-        if i == 0:
-            time.sleep(1.0)  # the stalled one
+        if i == 0:  # the stalled one: until every other task has run (for good, were any behind it)
+            others_done.wait(timeout=10)
         with lock:
             ran.append((i, threading.get_ident()))
+            if sum(1 for j, _ in ran if j != 0) == 9:
+                others_done.set()
 
     blocked.run_tasks([lambda i=i: task(i) for i in range(10)])
     assert sorted(i for i, _ in ran) == list(range(10))
     stalled = dict(ran)[0]
     assert all(t != stalled for i, t in ran if i != 0), "tasks waited behind the stalled thread"
-    assert ran[-1][0] == 0  # everything else was done while it slept
+    assert ran[-1][0] == 0  # everything else was done while it was stuck

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from pydoc_data.topics import topics
 from typing import Any
 
 import numpy as np
@@ -15,87 +14,9 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, run, transformers_loss
+from tests.integration.appliance import LOSS_RTOL, metrics, run, transformers_loss, write_llama_params
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
-
-LOSS_RTOL = 2e-5  # float32 rounding between reduction orders (see test_appliance.py)
-
-
-def _llama(tmp: Path, **runconfig: Any) -> Path:
-    """rotary, RMSNorm, SwiGLU, 2 kv groups of 4 heads, no biases, untied embeddings, byte-level text: the
-    Python documentation's topics that ship with Python (pydoc_data; English that does not change from one
-    commit of ours to the next), 40 to train on, the next 10 held out."""
-    names = sorted(topics)
-    for split, part in (("train", names[:40]), ("eval", names[40:50])):
-        text = "\n\n".join(topics[n] for n in part).encode("utf-8")
-        (tmp / split).mkdir(exist_ok=True)
-        (tmp / split / "part.txt").write_bytes(text)
-    params = {
-        "train_input": {
-            "data_processor": "TextFileDataProcessor",
-            "data_dir": str(tmp / "train"),
-            "batch_size": 8,
-            "max_sequence_length": 32,
-            "shuffle_seed": 1,
-        },
-        "eval_input": {
-            "data_processor": "TextFileDataProcessor",
-            "data_dir": str(tmp / "eval"),
-            "batch_size": 8,
-            "max_sequence_length": 32,
-        },
-        "model": {
-            "name": "llama",
-            "vocab_size": 256,
-            "hidden_size": 64,
-            "num_hidden_layers": 2,
-            "num_heads": 4,
-            "filter_size": 172,
-            "max_position_embeddings": 64,
-            "position_embedding_type": "rotary",
-            "rope_theta": 10000.0,
-            "norm_type": "rmsnorm",
-            "nonlinearity": "swiglu",
-            "attention_module": "multiquery_attention",
-            "extra_attention_params": {"num_kv_groups": 2},
-            "use_ffn_bias": False,
-            "use_projection_bias_in_attention": False,
-            "use_ffn_bias_in_attention": False,
-            "share_embedding_weights": False,
-        },
-        "optimizer": {
-            "optimizer_type": "adamw",
-            "betas": [0.9, 0.95],
-            "weight_decay": 0.1,
-            "max_gradient_norm": 1.0,
-            "learning_rate": [
-                {
-                    "scheduler": "Linear",
-                    "initial_learning_rate": 0.0,
-                    "end_learning_rate": 1e-2,
-                    "total_iters": 5,
-                },
-                {
-                    "scheduler": "CosineDecay",
-                    "initial_learning_rate": 1e-2,
-                    "end_learning_rate": 1e-3,
-                    "total_iters": 115,
-                },
-            ],
-        },
-        "runconfig": {
-            "max_steps": 120,
-            "log_steps": 1,
-            "eval_steps": 4,
-            "seed": 3,
-            "num_wgt_servers": 2,
-            **runconfig,
-        },
-    }
-    path = tmp / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
 
 
 # ~12 s; LLaMA on one and four workers stays in the default run
@@ -103,7 +24,7 @@ def _llama(tmp: Path, **runconfig: Any) -> Path:
 def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="pip install -e .[test]")
     transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
-    params_path = _llama(tmp_path)
+    params_path = write_llama_params(tmp_path)
     r = run(params_path, tmp_path / "m", "--num_csx", "2")
     assert r.returncode == 0, r.stderr
     losses, evals = metrics(tmp_path / "m")
@@ -123,7 +44,7 @@ def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -
 
 
 def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> None:
-    params_path = _llama(tmp_path, max_steps=6)
+    params_path = write_llama_params(tmp_path, max_steps=6)
     trainer = ReferenceTrainer(load_params(params_path), num_shards=1)
     ref = {}
     for _ in range(6):
@@ -161,7 +82,7 @@ def test_sparse_llama_equals_the_reference_and_loads_in_hugging_face(
     weightstream's eval loss from it."""
     pytest.importorskip("torch", reason="pip install -e .[test]")
     pytest.importorskip("transformers", reason="pip install -e .[test]")
-    params_path = _llama(tmp_path, max_steps=10)
+    params_path = write_llama_params(tmp_path, max_steps=10)
     raw = yaml.safe_load(params_path.read_text())
     raw["sparsity"] = sparsity
     params_path.write_text(yaml.safe_dump(raw))

@@ -14,15 +14,14 @@ from pathlib import Path
 import yaml
 from numpy.testing import assert_allclose
 
-from tests.integration.appliance import run
-from tests.integration.test_appliance import LOSS_RTOL
-from tests.unit.test_masked_loss import _padded_params
+from tests.integration.appliance import LOSS_RTOL, run
+from tests.params_files import padded_hdf5_params
 from weightstream.params import load_params
 from weightstream.training.reference import ReferenceTrainer
 
 
 def test_batch_size_scaling_on_two_workers_logs_modelzoos_loss(tmp_path: Path) -> None:
-    raw = _padded_params(tmp_path)  # TINY: B 8, T 16, vocab 64, two HDF5 files with padding
+    raw = padded_hdf5_params(tmp_path)  # TINY: B 8, T 16, vocab 64, two HDF5 files with padding
     raw["runconfig"].update(max_steps=2)
     b, t = raw["train_input"]["batch_size"], raw["train_input"]["max_sequence_length"]
     plain = ReferenceTrainer(load_params(raw), num_shards=1).train_step()  # num_tokens: the mean

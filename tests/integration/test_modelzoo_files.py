@@ -14,7 +14,7 @@ import yaml
 from safetensors.numpy import load_file
 
 from tests.integration.appliance import metrics, run, weightstream_cmd
-from tests.integration.test_hdf5_training import byte_documents, write_corpus
+from tests.integration.hdf5_corpus import byte_documents, write_corpus
 
 h5py = pytest.importorskip("h5py", reason="GptHDF5MapDataProcessor reads HDF5 with h5py")
 

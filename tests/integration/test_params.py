@@ -1,5 +1,5 @@
 """Params validation in a process of its own: the pipelined memory check counts a billion layers in closed
-form, under a 2 GiB address-space limit. The rest is in tests/unit/test_params.py."""
+form, under a 2 GiB address-space limit. The rest is in tests/unit/params/test_validation.py."""
 
 from __future__ import annotations
 

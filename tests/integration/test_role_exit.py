@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from tests.waiting import wait_until
 from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
@@ -46,11 +47,13 @@ DEADLINE_S = 2.0
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not path.exists():
+    """Until the role writes ``path`` (its sign of ``what``); fails if it ends first."""
+
+    def written() -> bool:
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{what} did not happen within 30s"
-        time.sleep(0.05)
+        return path.exists()
+
+    wait_until(written, what, 30)
 
 
 def test_a_stopped_role_with_a_stuck_handler_ends_itself(tmp_path: Path) -> None:

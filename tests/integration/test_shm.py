@@ -1,5 +1,5 @@
 """The shared-memory data plane (transport/shm.py) across processes: a memfd made by another process is
-mapped and outlives it. The rest is in tests/unit/test_shm.py."""
+mapped and outlives it. The rest is in tests/unit/transport/test_shm.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The sparse weight kernels (numerics/sparse.py) across processes: bitwise the same across reruns and
 thread counts (each in a process of its own), and importable without a writable numba cache. The rest is
-in tests/unit/test_sparse_kernels.py."""
+in tests/unit/numerics/test_sparse_kernels.py."""
 
 from __future__ import annotations
 

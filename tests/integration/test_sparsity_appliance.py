@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -19,43 +17,22 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import metrics, resume_copy, run, transformers_loss
+from tests.integration.appliance import LOSS_RTOL, metrics, resume_copy, run, transformers_loss
+from tests.integration.faults import (
+    assert_checkpoints_bitwise_equal,
+    logged_losses,
+    role_pid,
+    start_run,
+    steps_logged_while_running,
+)
+from tests.params_files import SPARSE_GPT2
+from tests.waiting import wait_until
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse import use_sparse_kernels
 from weightstream.numerics.sparse_masks import kept_count
 from weightstream.params import load_params, model_def
 from weightstream.training.reference import ReferenceTrainer
 from weightstream.transport.sparse import encode_index
-
-LOSS_RTOL = 2e-5  # float32 sums in another order than the reference (see test_appliance.py)
-# Large enough that the rule sends some products through the sparse kernels (checked below), small
-# enough for seconds per run.
-SPARSE_GPT2: dict[str, Any] = {
-    "train_input": {
-        "data_processor": "SyntheticDataProcessor",
-        "batch_size": 8,
-        "max_sequence_length": 32,
-        "shuffle_seed": 3,
-    },
-    "eval_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 8, "max_sequence_length": 32},
-    "model": {
-        "name": "gpt2",
-        "vocab_size": 128,
-        "hidden_size": 128,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 512,
-        "max_position_embeddings": 32,
-    },
-    "optimizer": {
-        "optimizer_type": "adamw",
-        "learning_rate": 3e-3,
-        "max_gradient_norm": 1.0,
-        "weight_decay": 0.01,
-    },
-    "runconfig": {"max_steps": 12, "log_steps": 1, "eval_steps": 2, "seed": 7, "num_wgt_servers": 2},
-    "sparsity": {"sparsity": 0.9, "init_method": "random"},
-}
 
 
 def _write(tmp: Path, **runconfig: Any) -> Path:
@@ -213,7 +190,6 @@ def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path,
     """Masks are rebuilt from the recovery snapshot by a replaced MemoryX shard and the worker's index
     structure by a replaced worker: the end result is the fault-free run's, bit for bit (gmp: masks made
     again every few steps, from the snapshot's on, through the replayed steps)."""
-    faults = import_module("tests.integration.test_faults")
     params = _write(tmp_path, max_steps=30, recovery_snapshot_steps=5, rpc_timeout_s=8.0, num_csx=2)
     if algorithm == "gmp":
         raw = yaml.safe_load(params.read_text())
@@ -223,22 +199,20 @@ def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path,
     straight = tmp_path / "straight"
     assert run(params, straight, "--num_csx", "2").returncode == 0
     model_dir = tmp_path / "faulty"
-    proc = faults._start(params, model_dir)
+    proc = start_run(params, model_dir)
     try:
         for step, role in ((12, "memoryx-1"), (21, "worker-0")):
-            while faults._steps_logged(model_dir) < step:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.01)
-            os.kill(faults._pid(model_dir, role), signal.SIGKILL)
+            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            os.kill(role_pid(model_dir, role), signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
     assert "restart 2/" in out
-    faults._assert_bitwise_equal(model_dir / "checkpoint_30", straight / "checkpoint_30")
+    assert_checkpoints_bitwise_equal(model_dir / "checkpoint_30", straight / "checkpoint_30")
     assert any(p.name.startswith("sparsity_masks") for p in (model_dir / "checkpoint_30").iterdir())
-    assert faults._losses(model_dir) == faults._losses(straight)
+    assert logged_losses(model_dir) == logged_losses(straight)
 
 
 # gmp: dense at first (level 0 at step 0), 0.1 more zeros after every step until step 9 (0.9), then fixed

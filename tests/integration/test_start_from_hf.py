@@ -17,7 +17,14 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file, save_file
 
-from tests.integration.appliance import TINY, metrics, run, transformers_loss, weightstream_cmd
+from tests.integration.appliance import (
+    TINY,
+    metrics,
+    run,
+    transformers_loss,
+    weightstream_cmd,
+    write_llama_params,
+)
 from weightstream.data import make_data_processor
 from weightstream.params import load_params
 
@@ -96,9 +103,7 @@ def test_gpt2_from_trainer_fit_ckpt_path(tmp_path: Path) -> None:
 
 
 def test_llama_from_the_command_line_flag_at_two_workers(tmp_path: Path) -> None:
-    from tests.integration.test_llama_appliance import _llama
-
-    params = _llama(tmp_path, max_steps=2, save_initial_checkpoint=True)
+    params = write_llama_params(tmp_path, max_steps=2, save_initial_checkpoint=True)
     p = load_params(params)
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(

@@ -15,7 +15,7 @@ import yaml
 from numpy.testing import assert_allclose
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import TINY, metrics, run, transformers_loss
+from tests.integration.appliance import TINY, metrics, run, transformers_loss, write_llama_params
 from weightstream.data import make_data_processor
 from weightstream.params import load_params
 
@@ -70,9 +70,7 @@ LLAMA3 = {
 
 @pytest.mark.slow  # ~10 s: in .ci/run's slow phase, keeping the default suite short
 def test_llama_with_llama3_rope_scaling_starts_and_exports_with_transformers_loss(tmp_path: Path) -> None:
-    from tests.integration.test_llama_appliance import _llama
-
-    params = _llama(tmp_path, max_steps=1, save_initial_checkpoint=True)
+    params = write_llama_params(tmp_path, max_steps=1, save_initial_checkpoint=True)
     p = yaml.safe_load(params.read_text())
     p["model"] |= {
         "pos_scaling_type": "llama3",

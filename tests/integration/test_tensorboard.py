@@ -22,6 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 from tests.integration.appliance import TINY, run, weightstream_cmd, write_params
+from tests.waiting import wait_until
 from weightstream.training.records import SampleRates, StepMetrics, StepRecord
 from weightstream.training.tensorboard import TRAIN_SCALARS, RunEvents
 
@@ -171,11 +172,12 @@ def test_a_run_that_replays_steps_after_losing_a_shard_logs_each_step_once(tmp_p
     model_dir = tmp_path / "m"
     proc = _start(params, model_dir)
     try:
-        deadline = time.monotonic() + 120
-        while len(_scalars(model_dir / "train").get("loss", [])) < strike:  # read live, while it runs
+
+        def logged() -> int:  # read live, while it runs
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.02)
+            return len(_scalars(model_dir / "train").get("loss", []))
+
+        wait_until(lambda: logged() >= strike, f"step {strike} in the event files", 120, poll_s=0.02)
         ready = json.loads((model_dir / "logs" / "memoryx-0.ready.json").read_text())
         os.kill(int(ready["pid"]), signal.SIGKILL)
         _, err = proc.communicate(timeout=180)

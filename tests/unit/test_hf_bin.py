@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.unit.test_initializers import GPT2 as TINY_GPT2
-from tests.unit.test_initializers import LLAMA as TINY_LLAMA
+from tests.params_files import TINY_GPT2, TINY_LLAMA
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.memoryx.storage import start_tensors
 from weightstream.params import load_params, model_def

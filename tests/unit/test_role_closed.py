@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tests.unit.test_roles_logic import TrickleUpstream
-from tests.unit.worker.test_engine import MODEL, STEP, WEIGHTS, WORKERS, FakeBatches, FakeUnits
+from tests.swarmx_fakes import TrickleUpstream
+from tests.worker_fakes import MODEL, STEP, WEIGHTS, WORKERS, FakeBatches, FakeUnits
 from weightstream.memoryx.shard import ShardClosedError
 from weightstream.swarmx.node import SwarmNodeLogic
 from weightstream.training.recovery import is_transient

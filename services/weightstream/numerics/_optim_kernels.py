@@ -9,7 +9,7 @@ the next step's first unit waits for it, so both the CPU and the latency count.
 Bits: every float32 operation of ``adam_step``, in its order, each rounded to float32 as numpy rounds
 it; no ``fastmath`` (not even ``contract``: a fused multiply-add would round once where numpy rounds
 twice), and ``np.sqrt`` and ``/`` are IEEE's correctly rounded ones in both. So the results are bitwise
-those of ``adam_step`` (tests/unit/test_optim.py compares them, non-finite values included), and
+those of ``adam_step`` (tests/unit/numerics/test_optim.py compares them, non-finite values included), and
 ``adam_step`` stays the readable statement of the math. ``error_model="numpy"``: a division by zero
 gives inf as in numpy instead of raising, which also lets LLVM vectorize the loop.
 """

@@ -1,5 +1,6 @@
-"""What the Slurm backend's tests share: a tiny GPT-2 params file, and `weightstream run` as a user runs it
-where Slurm's commands reach the cluster (the switch's network namespace)."""
+"""What the Slurm backend's tests share: a tiny GPT-2 params file, `weightstream run` as a user runs it
+where Slurm's commands reach the cluster (the switch's network namespace), and what a run leaves to read
+(its checkpoints' bytes, the steps it logged)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,19 @@ def host_processes(cluster: SlurmCluster) -> dict[str, list[str]]:
             if pid != host.init_pid and "slurmd" not in cmdline:
                 out.setdefault(host.name, []).append(cmdline)
     return out
+
+
+CHECKPOINT_FILES = ("model", "optimizer")
+
+
+def checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
+    """Every weight and optimizer file of ``checkpoint_<step>``, by name."""
+    ckpt = model_dir / f"checkpoint_{step}"
+    files = {f.name: f.read_bytes() for f in ckpt.glob("*.safetensors")}
+    assert {name.split("-")[0].split(".")[0] for name in files} == set(CHECKPOINT_FILES), sorted(files)
+    return files
+
+
+def steps_logged(model_dir: Path) -> int:
+    metrics = model_dir / "metrics.jsonl"
+    return sum('"loss"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0

@@ -7,12 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from testbed.slurm import SlurmCluster
 from tests.integration.backends.slurm_job import PYTHONPATH
+from tests.waiting import wait_until
 
 TOKEN = "slurm-service-token-0123456789"
 BANNER = "weightstream service:"  # the first line `serve` prints once it listens
@@ -38,11 +38,13 @@ class SlurmService:
             self.proc = subprocess.Popen(self.cluster.command(argv), env={**self.cluster.env, **self.env},
                                          stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         banners = self.log.read_text().count(BANNER)
-        deadline = time.monotonic() + 90  # a restart first ends what its predecessor left in Slurm
-        while self.log.read_text().count(BANNER) == banners:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
-            time.sleep(0.1)  # the banner, printed once it listens, is the service's signal
+
+        def listening() -> bool:  # the banner, printed once it listens, is the service's signal
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+            return self.log.read_text().count(BANNER) > banners
+
+        # 90 s: a restart first ends what its predecessor left in Slurm
+        wait_until(listening, lambda: f"the service's banner: {self.log.read_text()[-3000:]}", 90, poll_s=0.1)
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -67,11 +69,19 @@ class SlurmService:
         return info
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 240) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while (info := self.job(job_id))["status"] not in statuses:
-            assert time.monotonic() < deadline, (info, self.log.read_text()[-3000:])
-            time.sleep(0.5)  # the REST API is polled, as a user's script polls it
-        return info
+        seen: dict[str, Any] = {}
+
+        def reached() -> bool:
+            seen.update(self.job(job_id))
+            return seen["status"] in statuses
+
+        wait_until(  # the REST API is polled, as a user's script polls it
+            reached,
+            lambda: f"job {job_id} {statuses}: {seen} {self.log.read_text()[-3000:]}",
+            timeout,
+            poll_s=0.5,
+        )
+        return seen
 
 
 def slurm_jobs_named(cluster: SlurmCluster) -> dict[str, str]:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.integration.appliance import TINY
 from tests.k8s_fake_api import FakeKubernetesAPI, container_status, running_ready
+from tests.waiting import wait_until
 from weightstream.backends.base import BackendError, RoleSpec
 from weightstream.backends.kubernetes.manifests import ClusterConfig
 from weightstream.params import load_params
@@ -52,9 +53,9 @@ def test_creates_owned_objects_reports_placement_and_cleans_up(fake: FakeKuberne
         for p in pods:
             seen = len(progress)
             fake.set_pod_status(p["metadata"]["name"], running_ready())
-            deadline = time.monotonic() + 10
-            while len(progress) == seen and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(
+                lambda s=seen: len(progress) > s, f"the backend to see {p['metadata']['name']} ready", 10
+            )
 
     t = threading.Thread(target=kubelet)
     t.start()

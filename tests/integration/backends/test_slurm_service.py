@@ -6,7 +6,6 @@ job from its checkpoint, ending bitwise as a run without interruption."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,9 +13,16 @@ import pytest
 import yaml
 
 from testbed.slurm import SlurmCluster
-from tests.integration.backends.slurm_job import host_processes, slurm_jobs, tiny_gpt2, weightstream_run
+from tests.integration.backends.slurm_job import (
+    checkpoint_bytes,
+    host_processes,
+    slurm_jobs,
+    steps_logged,
+    tiny_gpt2,
+    weightstream_run,
+)
 from tests.integration.backends.slurm_service import SlurmService, slurm_jobs_named
-from tests.integration.backends.test_slurm_training import checkpoint_bytes, steps_logged
+from tests.waiting import wait_until
 
 # a Slurm cluster and real jobs each: in the slow phase, which CI runs too
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -33,11 +39,10 @@ def gpt2(tmp_path: Path, steps: int, checkpoint_steps: int | None = None) -> Pat
     return path
 
 
-def wait_until(what: str, ready: Callable[[], bool], service: SlurmService, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s: {service.log.read_text()[-3000:]}"
-        time.sleep(0.2)  # a job's files and Slurm's queue are the only signals a test outside them has
+def service_until(what: str, ready: Callable[[], bool], service: SlurmService, timeout: float = 180) -> None:
+    """``ready`` within ``timeout``, or fail naming ``what`` with the service's log; a job's files and
+    Slurm's queue are the only signals a test outside them has, so they are polled (every 0.2 s)."""
+    wait_until(ready, lambda: f"{what}: {service.log.read_text()[-3000:]}", timeout, poll_s=0.2)
 
 
 def running(cluster: SlurmCluster) -> list[str]:
@@ -58,17 +63,17 @@ def test_a_job_runs_as_a_slurm_job_and_cancel_leaves_nothing(
     try:
         first = service.wsctl("submit", str(gpt2(tmp_path, 2)), "--num_csx", "2", "--priority", "3").strip()
         name = f"weightstream-{first}"
-        wait_until("its Slurm job", lambda: name in slurm_jobs_named(slurm_cluster), service)
+        service_until("its Slurm job", lambda: name in slurm_jobs_named(slurm_cluster), service)
         assert slurm_jobs_named(slurm_cluster)[name] == "200"  # priority 3: nice 200
         assert service.wait_status(first, "succeeded", "failed")["status"] == "succeeded"
         assert (tmp_path / "data" / "jobs" / first / "checkpoint_2").is_dir()
-        wait_until("nothing left", lambda: nothing_left(slurm_cluster), service, timeout=30)
+        service_until("nothing left", lambda: nothing_left(slurm_cluster), service, timeout=30)
 
         long = tmp_path / "long"
         long.mkdir()
         second = service.wsctl("submit", str(gpt2(long, 500)), "--num_csx", "2", "--priority", "1").strip()
         model_dir = tmp_path / "data" / "jobs" / second
-        wait_until("a first step", lambda: steps_logged(model_dir) >= 1, service)
+        service_until("a first step", lambda: steps_logged(model_dir) >= 1, service)
         assert slurm_jobs_named(slurm_cluster)[f"weightstream-{second}"] == "0"  # priority 1: Slurm's default
         assert set(host_processes(slurm_cluster)) == {"h1", "h2", "h3", "h4"}  # its roles, on every host
         service.wsctl("cancel", "job", second)
@@ -100,7 +105,7 @@ def test_a_sigkilled_service_resumes_its_job_bitwise(slurm_cluster: SlurmCluster
     try:
         job = service.wsctl("submit", str(params), "--num_csx", "2").strip()
         model_dir = tmp_path / "data" / "jobs" / job
-        wait_until("checkpoint_10", lambda: steps_logged(model_dir) >= 12, service)
+        service_until("checkpoint_10", lambda: steps_logged(model_dir) >= 12, service)
         service.kill(signal.SIGKILL)
         # what a service that died leaves may outlive it: here a job of its name holding three nodes, as
         # the allocation of a service whose machine lost Slurm's controller would. Its two workers then
@@ -110,7 +115,7 @@ def test_a_sigkilled_service_resumes_its_job_bitwise(slurm_cluster: SlurmCluster
         leftover = slurm_cluster.run(
             sbatch, capture_output=True, text=True, timeout=60, check=True
         ).stdout.strip()
-        wait_until(
+        service_until(
             "the leftover running", lambda: f"{leftover} " in " ".join(running(slurm_cluster)), service
         )
         service.start()

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,25 +20,19 @@ import pytest
 from testbed.slurm import SlurmCluster
 from tests.integration.backends.slurm_job import (
     PYTHONPATH,
+    checkpoint_bytes,
     host_processes,
     slurm_jobs,
+    steps_logged,
     tiny_gpt2,
     weightstream_run,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 TOKEN = re.compile(rb"[0-9a-f]{64}")  # a role credential as transport.auth makes them
-CHECKPOINT_FILES = ("model", "optimizer")
 STEPS = 40  # of the jobs a fault strikes mid-run
-
-
-def checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
-    """Every weight and optimizer file of ``checkpoint_<step>``, by name."""
-    ckpt = model_dir / f"checkpoint_{step}"
-    files = {f.name: f.read_bytes() for f in ckpt.glob("*.safetensors")}
-    assert {name.split("-")[0].split(".")[0] for name in files} == set(CHECKPOINT_FILES), sorted(files)
-    return files
 
 
 def assert_placed_where_it_ran(cluster: SlurmCluster, logs: Path) -> dict[str, str]:
@@ -105,16 +98,14 @@ def start_run(
 
 
 def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
+    """``ready`` within ``timeout`` while the run goes on; the run's files are its only signal to a test
+    outside it, so they are polled (every 0.2 s)."""
+
+    def ready_while_running() -> bool:
         assert proc.poll() is None, f"the run ended ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.2)  # the run's files are its only signal to a test outside it
+        return ready()
 
-
-def steps_logged(model_dir: Path) -> int:
-    metrics = model_dir / "metrics.jsonl"
-    return sum('"loss"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+    wait_until(ready_while_running, what, timeout, poll_s=0.2)
 
 
 def root_pid(cluster: SlurmCluster, host: str, inner_pid: int) -> int:
@@ -263,14 +254,20 @@ def test_a_killed_coordinator_leaves_no_job_and_no_role_behind(
         assert any(c.name() == "salloc" for c in children) and any(c.name() == "srun" for c in children)
         run.kill()  # the coordinator itself (nsenter -n execs it)
         run.communicate(timeout=30)
-        deadline = time.monotonic() + 60
-        while (
-            slurm_jobs(slurm_cluster)
-            or host_processes(slurm_cluster)
-            or any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
-        ):
-            assert time.monotonic() < deadline, (slurm_jobs(slurm_cluster), host_processes(slurm_cluster))
-            time.sleep(0.5)  # Slurm tells no one when it has ended a job: its state is polled
+        wait_until(  # Slurm tells no one when it has ended a job: its state is polled
+            lambda: (
+                not (
+                    slurm_jobs(slurm_cluster)
+                    or host_processes(slurm_cluster)
+                    or any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+                )
+            ),
+            lambda: (
+                f"no job and no process left: {(slurm_jobs(slurm_cluster), host_processes(slurm_cluster))}"
+            ),
+            60,
+            poll_s=0.5,
+        )
 
 
 def test_a_killed_coordinator_inside_an_allocation_leaves_no_role_behind(
@@ -290,12 +287,17 @@ def test_a_killed_coordinator_inside_an_allocation_leaves_no_role_behind(
             assert sruns and host_processes(slurm_cluster)
             run.kill()  # the coordinator itself (nsenter -n execs it): no stop, no scancel of its steps
             run.communicate(timeout=30)
-            deadline = time.monotonic() + 60
-            while host_processes(slurm_cluster) or any(
-                s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in sruns
-            ):
-                assert time.monotonic() < deadline, host_processes(slurm_cluster)
-                time.sleep(0.5)
+            wait_until(
+                lambda: (
+                    not (
+                        host_processes(slurm_cluster)
+                        or any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in sruns)
+                    )
+                ),
+                lambda: f"no role left: {host_processes(slurm_cluster)}",
+                60,
+                poll_s=0.5,
+            )
             # the allocation is the owner's, to end when they choose
             assert slurm_jobs(slurm_cluster) == [f"{job} mine RUNNING"]
     finally:

@@ -20,9 +20,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.fleet import Fleet
 from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import TOKEN, LiveApi, ServeProcess
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.waiting import wait_until
 from weightstream.numerics.sparse_masks import kept_count
 from weightstream_client import Client
 from weightstream_client._format import JOB_COLUMNS, cell, human_duration, table
@@ -45,7 +46,9 @@ class Served(LiveApi):
         self.fleet.runners[name].finish()
 
     def wait_started(self, *names: str) -> None:
-        wait_for(lambda: self.fleet.started == list(names), lambda: f"{names} started ({self.fleet.started})")
+        wait_until(
+            lambda: self.fleet.started == list(names), lambda: f"{names} started ({self.fleet.started})"
+        )
 
 
 @pytest.fixture
@@ -72,7 +75,7 @@ def test_get_jobs_prints_every_job_on_one_line_with_its_full_id_when_piped(serve
     served.fleet.instant.add("done")
     done = served.submit("done", team="a" * 60)  # a long label: the line is far wider than 80 columns
     served.wait_started("done")
-    wait_for(lambda: served.service.is_terminal(done), lambda: "done to finish")
+    wait_until(lambda: served.service.is_terminal(done), lambda: "done to finish")
     running = served.submit("running")
     served.wait_started("done", "running")
     queued = served.submit("queued", team="b")
@@ -122,7 +125,7 @@ def test_cancel_job(served: Served) -> None:
     r = wsctl(served.url, "cancel", "job", queued)
     assert r.returncode == 2 and "cannot become cancelled" in r.stderr
     assert wsctl(served.url, "cancel", "job", job).returncode == 0
-    wait_for(
+    wait_until(
         lambda: served.service.store.get(job).status == "cancelled", lambda: "the cancel of a running job"
     )
 
@@ -167,7 +170,7 @@ def test_job_set_priority_changes_the_order_of_queued_jobs(served: Served) -> No
     served.fleet.instant |= {"first", "second", "third"}
     served.finish("blocker")
     served.wait_started("blocker", "third", "second", "first")
-    wait_for(lambda: served.service.is_terminal(first), lambda: "the last job to end")
+    wait_until(lambda: served.service.is_terminal(first), lambda: "the last job to end")
     r = wsctl(served.url, "job", "set-priority", first, "p1")
     assert r.returncode == 2 and "409" in r.stderr and "has finished" in r.stderr
 
@@ -175,7 +178,7 @@ def test_job_set_priority_changes_the_order_of_queued_jobs(served: Served) -> No
 def test_log_export_writes_an_archive_with_every_log(served: Served, tmp_path: Path) -> None:
     served.fleet.instant.add("logs")
     job = served.submit("logs")
-    wait_for(lambda: served.service.is_terminal(job), lambda: "the job to end")
+    wait_until(lambda: served.service.is_terminal(job), lambda: "the job to end")
     model_dir = Path(served.service.store.get(job).model_dir)
     (model_dir / "logs").mkdir(parents=True, exist_ok=True)
     written = {
@@ -262,7 +265,7 @@ def test_the_library_changes_labels_and_priority_and_exports(served: Served, tmp
         served.finish("blocker")
         served.wait_started("blocker", "lib")
         served.finish("lib")
-        wait_for(lambda: served.service.is_terminal(job_id), lambda: "lib to end")
+        wait_until(lambda: served.service.is_terminal(job_id), lambda: "lib to end")
         Path(served.service.store.get(job_id).model_dir, "run.log").write_text("hello\n")
         path = job.export_logs(tmp_path / "lib.tar.gz")
     with tarfile.open(path) as tar:
@@ -354,7 +357,7 @@ def test_jobs_and_get_jobs_are_one_listing_with_times_in_iso_utc(served: Served)
     served.fleet.instant.add("done")
     done = served.submit("done")
     served.wait_started("done")
-    wait_for(lambda: served.service.is_terminal(done), lambda: "done to finish")
+    wait_until(lambda: served.service.is_terminal(done), lambda: "done to finish")
     served.submit("running", team="b")
     served.wait_started("done", "running")
 

@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import pytest
 
 from testbed import EmulatedHosts, Host, running
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.hosts
 
@@ -168,9 +168,7 @@ def test_killing_a_host_ends_every_process_on_it_and_nothing_else(emulated_hosts
     # a foreground command, a background child, a daemon in its own session, an orphan
     work = cluster["h1"].popen(["sh", "-c", "sleep 300 & setsid sleep 301 & (sleep 302 &); exec sleep 303"])
     other = cluster["h2"].popen(["sleep", "300"])
-    deadline = time.monotonic() + TIMEOUT
-    while len(cluster["h1"].processes()) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)  # the shell starts its three sleeps within milliseconds
+    wait_until(lambda: len(cluster["h1"].processes()) >= 5, "the shell's four sleeps to start", TIMEOUT)
     on_h1 = cluster["h1"].processes()
     assert len(on_h1) == 5  # PID 1 and the four sleeps
     cluster.kill("h1")

@@ -4,7 +4,7 @@
 a real ``JobService`` in a temporary directory whose runners are ``CheckpointingRunner``: each job
 "trains" at once, writing what a real run leaves behind (a log, metrics, one complete checkpoint), so
 every route has something true to answer with and no role process starts. Tests that decide when jobs
-start and end pass runners of their own (``tests.unit.jobs.test_scheduler.Fleet``). ``ServeProcess``
+start and end pass runners of their own (``tests.fleet.Fleet``). ``ServeProcess``
 runs `weightstream serve` itself, for tests that measure the server process.
 """
 
@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import httpx
 import uvicorn
 
 from tests.integration.appliance import TINY, weightstream_cmd
+from tests.waiting import wait_until
 from weightstream.checkpoint_layout import TRAINER_STATE, checkpoint_dir
 from weightstream.jobs.api import create_app
 from weightstream.jobs.grpc_api import CoordinatorServer, serve_grpc
@@ -96,11 +96,13 @@ class ThreadedServer:
 
     def __enter__(self) -> ThreadedServer:
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start within 30 s")
-            time.sleep(0.01)
+
+        def started() -> bool:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn's thread ended before it started serving")
+            return bool(self.server.started)
+
+        wait_until(started, "uvicorn to start", 30)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
@@ -153,11 +155,11 @@ class LiveApi:
     def finished_job(self) -> Job:
         """A job that has run to success, with its checkpoint written."""
         job = self.service.submit(copy.deepcopy(TINY), 1, {"made_by": "live_api"})
-        deadline = time.monotonic() + 30
-        while not self.service.is_terminal(job.id):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job.id} still {self.service.store.get(job.id).status} after 30 s")
-            time.sleep(0.01)
+        wait_until(
+            lambda: self.service.is_terminal(job.id),
+            lambda: f"job {job.id} to end (still {self.service.store.get(job.id).status})",
+            30,
+        )
         return self.service.store.get(job.id)
 
 
@@ -175,17 +177,20 @@ class ServeProcess:
                 cmd, env={**os.environ, "WEIGHTSTREAM_TOKEN": TOKEN}, stdout=out, stderr=subprocess.STDOUT
             )
         self.pid, self.log = self.proc.pid, log
-        deadline = time.monotonic() + 60
-        while True:
+
+        def healthy() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited: {log.read_text()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"serve did not become healthy: {log.read_text()}")
-            time.sleep(0.1)
+                return False
+
+        try:
+            wait_until(healthy, lambda: f"serve to become healthy: {log.read_text()}", 60, poll_s=0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import pytest
 
 from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import TOKEN, ServeProcess
+from tests.waiting import wait_until
 from weightstream.jobs.api.routers.dashboard import ASSETS
 
 ROOT = Path(__file__).parents[3]
@@ -97,11 +97,12 @@ class Browsed:
 
 
 def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s} s")
-        time.sleep(0.05)
+    """``cond`` within ``timeout_s``, or fail saying ``what`` went wrong; looked at every 0.05 s (each look
+    is a round trip to the browser)."""
+    try:
+        wait_until(cond, what, timeout_s, poll_s=0.05)
+    except AssertionError:
+        pytest.fail(f"{what} within {timeout_s} s")
 
 
 def _chromium() -> str | None:

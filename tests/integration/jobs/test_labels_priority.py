@@ -15,9 +15,10 @@ import grpc
 import httpx
 import pytest
 
+from tests.fleet import Fleet
 from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import TOKEN, LiveApi
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.waiting import wait_until
 from weightstream.jobs.limits import MAX_LABEL_LENGTH, MAX_LABELS
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
@@ -41,14 +42,14 @@ class Api:
     def blocked(self) -> None:
         """The slot taken by a job that runs until the test ends."""
         self.submit("blocker")
-        wait_for(
+        wait_until(
             lambda: "blocker" in self.fleet.started, lambda: f"the blocker to start ({self.fleet.started})"
         )
 
     def finished(self) -> str:
         self.fleet.instant.add("done")
         job = self.submit("done")
-        wait_for(lambda: self.service.is_terminal(job), lambda: "the job to finish")
+        wait_until(lambda: self.service.is_terminal(job), lambda: "the job to finish")
         return job
 
     def queue(self) -> list[str]:

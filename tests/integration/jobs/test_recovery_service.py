@@ -12,10 +12,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx
@@ -23,7 +21,8 @@ import pytest
 import yaml
 
 from tests.integration.appliance import TINY, run
-from tests.integration.jobs.test_service import TOKEN, Service
+from tests.integration.jobs.service_process import TOKEN, Service
+from tests.waiting import wait_until
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 
@@ -43,18 +42,10 @@ def _env(url: str) -> dict[str, str]:
     return {**os.environ, "WEIGHTSTREAM_URL": url, "WEIGHTSTREAM_TOKEN": TOKEN}
 
 
-def _logged_steps(model_dir: Path) -> int:
+def logged_steps(model_dir: Path) -> int:
     """Steps done so far: metrics.jsonl gets one line per logged step (log_steps 1), none for a replay."""
     f = model_dir / "metrics.jsonl"
     return sum('"loss"' in line for line in f.read_text().splitlines()) if f.exists() else 0
-
-
-def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.slow  # ~20 s
@@ -76,12 +67,12 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
             text=True,
         )
         try:
-            _until(lambda: client.jobs(labels={"t": "recovery"}), "the submission")
+            wait_until(lambda: client.jobs(labels={"t": "recovery"}), "the submission", 60, poll_s=0.02)
             job = client.job(client.jobs(labels={"t": "recovery"})[0]["id"])
             model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
             killed: dict[str, int] = {}
             for role, after in VICTIMS:
-                _until(lambda a=after: _logged_steps(model_dir) >= a, f"step {after}")
+                wait_until(lambda a=after: logged_steps(model_dir) >= a, f"step {after}", 60, poll_s=0.02)
                 pid = json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed[role] = pid

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,86 +18,25 @@ import numpy as np
 import pytest
 import yaml
 from numpy.testing import assert_allclose, assert_array_equal
-from safetensors.numpy import load_file
 
-from tests.integration.appliance import TINY, metrics, run_uninterrupted, weightstream_cmd
+from tests.integration.appliance import TINY, metrics, run_uninterrupted
+from tests.integration.jobs.service_process import (
+    TOKEN,
+    Service,
+    alive,
+    checkpoint_tensors,
+    job_params,
+    logged_steps,
+    role_pids,
+    stop_leftovers,
+    wait_for,
+)
 from weightstream.checkpoint_layout import complete_checkpoints
 from weightstream.data import make_data_processor
 from weightstream.memoryx.storage import load_tensors
 from weightstream.numerics import forward_loss
 from weightstream.params import load_params, model_def
-from weightstream_client import ApiError, Client
-
-TOKEN = "test-token-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Service:
-    def __init__(self, data_dir: Path, slots: int, *args: str) -> None:
-        """``args``: more `serve` options (limits, data roots)."""
-        self.data_dir, self.slots, self.args = data_dir, slots, args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-        self.clients: list[Client] = []
-
-    def start(self) -> Service:
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "WEIGHTSTREAM_TOKEN": TOKEN}
-        log = open(self.data_dir.parent / f"serve-{port}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        self.grpc_port = _free_port()
-        self.proc = subprocess.Popen(
-            [
-                *weightstream_cmd(),
-                "serve",
-                "--port",
-                str(port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--data-dir",
-                str(self.data_dir),
-                "--slots",
-                str(self.slots),
-                *self.args,
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited: {(self.data_dir.parent / f'serve-{port}.log').read_text()}")
-            time.sleep(0.1)
-        pytest.fail("serve did not become healthy within 60s")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        for c in self.clients:
-            c.close()
-        self.clients.clear()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def client(self) -> Client:
-        c = Client(self.url, TOKEN)
-        self.clients.append(c)
-        return c
+from weightstream_client import ApiError
 
 
 @pytest.fixture
@@ -108,36 +46,9 @@ def service(tmp_path: Path) -> Iterator[Service]:
     s.stop()
 
 
-def _params(**runconfig: Any) -> dict[str, Any]:
-    p = json.loads(json.dumps(TINY))
-    p["runconfig"].update(runconfig)
-    return p
-
-
-def _role_pids(model_dir: Path) -> list[int]:
-    return [json.loads(f.read_text())["pid"] for f in (model_dir / "logs").glob("*.ready.json")]
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_for(cond: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.1)
-
-
 def test_library_submit_follow_download_and_check_the_loss(service: Service, tmp_path: Path) -> None:
     client = service.client()
-    job = client.submit(_params(max_steps=4, num_wgt_servers=2), num_csx=2, labels={"team": "a"})
+    job = client.submit(job_params(max_steps=4, num_wgt_servers=2), num_csx=2, labels={"team": "a"})
     events: list[dict[str, Any]] = []
     info = job.wait(progress=False, on_event=events.append, timeout_s=300)
     assert info["status"] == "succeeded"
@@ -163,7 +74,7 @@ def test_library_submit_follow_download_and_check_the_loss(service: Service, tmp
 
 def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
     params = tmp_path / "p.yaml"
-    params.write_text(yaml.safe_dump(_params(max_steps=3)))
+    params.write_text(yaml.safe_dump(job_params(max_steps=3)))
     env = {**os.environ, "WEIGHTSTREAM_URL": service.url, "WEIGHTSTREAM_TOKEN": TOKEN}
     wsctl = [
         shutil.which("wsctl") or sys.executable,
@@ -187,7 +98,7 @@ def test_wsctl_end_to_end(service: Service, tmp_path: Path) -> None:
     r = run("download", job_id, str(tmp_path / "dl"))
     assert r.returncode == 0 and (tmp_path / "dl" / "checkpoint_3" / "trainer_state.json").exists()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**_params(), "model": {**TINY["model"], "num_heads": 3}}))
+    bad.write_text(yaml.safe_dump({**job_params(), "model": {**TINY["model"], "num_heads": 3}}))
     r = run("submit", str(bad))
     assert r.returncode == 2 and "model.hidden_size" in r.stderr
     r = run("cancel", "job", job_id)
@@ -200,25 +111,25 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
     service = Service(tmp_path / "data", slots=2).start()
     try:
         client = service.client()
-        long_a = client.submit(_params(max_steps=100000), num_csx=2)
-        _wait_for(lambda: long_a.status() == "running")
-        low = client.submit(_params(max_steps=2), num_csx=2, priority=3)
-        high = client.submit(_params(max_steps=2), num_csx=2, priority=1)
-        doomed = client.submit(_params(max_steps=2), num_csx=1, priority=3)
+        long_a = client.submit(job_params(max_steps=100000), num_csx=2)
+        wait_for(lambda: long_a.status() == "running", "long_a to run")
+        low = client.submit(job_params(max_steps=2), num_csx=2, priority=3)
+        high = client.submit(job_params(max_steps=2), num_csx=2, priority=1)
+        doomed = client.submit(job_params(max_steps=2), num_csx=1, priority=3)
         time.sleep(1.0)
         assert [low.status(), high.status(), doomed.status()] == ["queued"] * 3  # no slots: all wait
         assert doomed.cancel()["status"] == "cancelled"  # a queued job cancels at once
         model_dir = Path(long_a.info()["params"]["runconfig"]["model_dir"])
-        _wait_for(lambda: len(_role_pids(model_dir)) == 6)
-        pids = _role_pids(model_dir)
-        _wait_for(lambda: bool(long_a.metrics()["steps"]))  # it is training
+        wait_for(lambda: len(role_pids(model_dir)) == 6, "its six roles to be ready")
+        pids = role_pids(model_dir)
+        wait_for(lambda: bool(long_a.metrics()["steps"]), "long_a's first step")  # it is training
         scrape = httpx.get(f"{service.url}/metrics").text
         assert f'weightstream_job_step{{job="{long_a.id}"}}' in scrape
         for status, n in (("running", 1), ("queued", 2), ("cancelled", 1)):  # `doomed` was cancelled above
             assert f'weightstream_jobs{{status="{status}"}} {n}.0' in scrape
         long_a.cancel()
-        _wait_for(lambda: long_a.status() == "cancelled")
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # its processes are gone
+        wait_for(lambda: long_a.status() == "cancelled", "long_a to be cancelled")
+        wait_for(lambda: not any(alive(p) for p in pids), "its processes to end", 20)
         for job in (high, low):
             job.wait(progress=False, timeout_s=120)
         started = {
@@ -229,7 +140,7 @@ def test_capacity_priorities_and_cancel(tmp_path: Path) -> None:
             long_a.cancel()
         assert e.value.status == 409
         with pytest.raises(ApiError) as e:
-            client.submit(_params(), num_csx=3)
+            client.submit(job_params(), num_csx=3)
         assert e.value.status == 422 and e.value.code == "over_capacity"
     finally:
         service.stop()
@@ -239,15 +150,17 @@ def test_jobs_survive_a_killed_service(tmp_path: Path) -> None:
     service = Service(tmp_path / "data", slots=1).start()
     try:
         client = service.client()
-        running = client.submit(_params(max_steps=100000, autoload_last_checkpoint=False), num_csx=1)
-        _wait_for(lambda: running.status() == "running")
-        resumable = client.submit(_params(max_steps=100000), num_csx=1)  # autoload: resumes after a restart
-        queued = client.submit(_params(max_steps=2), num_csx=1)
+        running = client.submit(job_params(max_steps=100000, autoload_last_checkpoint=False), num_csx=1)
+        wait_for(lambda: running.status() == "running", "the first job to run")
+        resumable = client.submit(
+            job_params(max_steps=100000), num_csx=1
+        )  # autoload: resumes after a restart
+        queued = client.submit(job_params(max_steps=2), num_csx=1)
         model_dir = Path(running.info()["params"]["runconfig"]["model_dir"])
-        _wait_for(lambda: len(_role_pids(model_dir)) == 5)
-        pids = _role_pids(model_dir)
+        wait_for(lambda: len(role_pids(model_dir)) == 5, "its five roles to be ready")
+        pids = role_pids(model_dir)
         service.stop(signal.SIGKILL)
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # roles follow their coordinator
+        wait_for(lambda: not any(alive(p) for p in pids), "the roles to follow their coordinator", 20)
         service.start()
         client = service.client()
         info = client.job(running.id).info()
@@ -260,42 +173,6 @@ def test_jobs_survive_a_killed_service(tmp_path: Path) -> None:
         service.stop()  # also when an assertion above failed: no service left running
 
 
-def _logged_steps(model_dir: Path) -> list[int]:
-    """Train steps in the job's metrics.jsonl so far (a line still being written is skipped)."""
-    path = model_dir / "metrics.jsonl"
-    steps = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "loss" in row:
-            steps.append(row["step"])
-    return steps
-
-
-def _checkpoint_tensors(checkpoint: Path, prefix: str) -> dict[str, np.ndarray]:
-    """Every tensor of ``prefix`` (model or optimizer) in a checkpoint, merged over the shards' files."""
-    out: dict[str, np.ndarray] = {}
-    for f in sorted(checkpoint.glob(f"{prefix}*.safetensors")):
-        out.update(load_file(f))
-    return out
-
-
-def _stop_leftovers(pids: set[int], model_dir: Path) -> None:
-    """SIGKILL those of ``pids`` still alive that are roles of this job (their command line names its
-    model_dir: a recycled pid is left alone). The test's last line of defence, whatever it asserted."""
-    import psutil
-
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            if str(model_dir) in " ".join(proc.cmdline()):
-                proc.kill()
-        except psutil.Error:
-            pass
-
-
 @pytest.mark.slow  # ~12-14 s: the default suite stays under ~9 minutes
 def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     """SIGKILL of the service while a job trains past a checkpoint, then a restart on the same data dir:
@@ -303,34 +180,34 @@ def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_p
     the steps after it, succeeds, and ends with bitwise the weights, optimizer state and losses of an
     uninterrupted `weightstream run` of the same params at the same num_csx; no role process is left."""
     max_steps, every = 40, 8  # ~40 ms a step here: seconds of training, a checkpoint early on
-    params = _params(max_steps=max_steps, checkpoint_steps=every)
+    params = job_params(max_steps=max_steps, checkpoint_steps=every)
     service = Service(tmp_path / "data", slots=1).start()
     pids: set[int] = set()
     model_dir = tmp_path / "unset"
     try:
         job = service.client().submit(params, num_csx=1)
         model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
-        _wait_for(lambda: len(_role_pids(model_dir)) == 5)  # 2 MemoryX, SwarmX, activation, worker
-        pids.update(_role_pids(model_dir))
+        wait_for(lambda: len(role_pids(model_dir)) == 5, "2 MemoryX, SwarmX, activation, worker ready")
+        pids.update(role_pids(model_dir))
 
         def past_a_checkpoint() -> bool:  # killed between checkpoints: the steps after one are redone
             if job.status() != "running":  # fail now rather than at the timeout
                 pytest.fail(f"job is {job.status()} before the kill: {job.info().get('error')}")
             cps = complete_checkpoints(model_dir)
-            return bool(cps) and max(_logged_steps(model_dir), default=0) > cps[-1][0]
+            return bool(cps) and max(logged_steps(model_dir), default=0) > cps[-1][0]
 
-        _wait_for(past_a_checkpoint, timeout=120)
+        wait_for(past_a_checkpoint, "a step past a checkpoint", 120)
         service.stop(signal.SIGKILL)
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # roles follow the service
-        done_before = max(_logged_steps(model_dir))
+        wait_for(lambda: not any(alive(p) for p in pids), "the roles to follow the service", 20)
+        done_before = max(logged_steps(model_dir))
         resume_step = complete_checkpoints(model_dir)[-1][0]
         assert every <= resume_step < done_before < max_steps, (resume_step, done_before)
 
         service.start()
         job = service.client().job(job.id)
         info = job.wait(progress=False, timeout_s=180)
-        pids.update(_role_pids(model_dir))
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)  # the resumed run's roles too
+        pids.update(role_pids(model_dir))
+        wait_for(lambda: not any(alive(p) for p in pids), "the resumed run's roles to end", 20)
         history = info["history"]
         assert [h["status"] for h in history] == ["queued", "running", "queued", "running", "succeeded"]
         assert "service restarted" in history[2]["reason"]
@@ -357,15 +234,15 @@ def test_killed_service_resumes_a_running_job_to_the_uninterrupted_weights(tmp_p
         for row in rows:
             assert row["loss"] == straight_losses[row["step"]], f"step {row['step']}"
         for prefix in ("model", "optimizer"):
-            got = _checkpoint_tensors(model_dir / f"checkpoint_{max_steps}", prefix)
-            want = _checkpoint_tensors(straight / f"checkpoint_{max_steps}", prefix)
+            got = checkpoint_tensors(model_dir / f"checkpoint_{max_steps}", prefix)
+            want = checkpoint_tensors(straight / f"checkpoint_{max_steps}", prefix)
             assert sorted(got) == sorted(want) and got
             for name, w in want.items():
                 assert_array_equal(got[name], w, err_msg=f"{prefix} {name}")
                 assert got[name].tobytes() == w.tobytes(), f"{prefix} {name}: equal, but not bitwise"
     finally:
         service.stop()
-        _stop_leftovers(pids | set(_role_pids(model_dir) if model_dir.is_dir() else []), model_dir)
+        stop_leftovers(pids | set(role_pids(model_dir) if model_dir.is_dir() else []), model_dir)
 
 
 def test_every_v1_route_needs_the_token(service: Service) -> None:
@@ -415,7 +292,7 @@ def test_coordinator_grpc_api(service: Service) -> None:
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model.hidden_size" in e.value.details()
         reply = stub.SubmitJob(
             pb.SubmitJobRequest(
-                params_json=json.dumps(_params(max_steps=2)), num_csx=1, labels={"via": "grpc"}
+                params_json=json.dumps(job_params(max_steps=2)), num_csx=1, labels={"via": "grpc"}
             ),
             metadata=auth,
             timeout=10,

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.jobs.test_service import (
+from tests.integration.jobs.service_process import (
     TOKEN,
     Service,
-    _alive,
-    _params,
-    _role_pids,
-    _stop_leftovers,
-    _wait_for,
+    alive,
+    job_params,
+    role_pids,
+    stop_leftovers,
+    wait_for,
 )
 from weightstream.checkpoint_layout import complete_checkpoints
 from weightstream.jobs.service import JobService, ServiceConfig, ServiceLimits
@@ -29,7 +29,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _text_job(data_dir: str) -> dict[str, Any]:
-    p = _params()
+    p = job_params()
     p["model"]["vocab_size"] = 256
     p["train_input"].update(data_processor="TextFileDataProcessor", data_dir=data_dir)
     del p["eval_input"]
@@ -50,9 +50,9 @@ def test_rest_and_grpc_refuse_through_the_same_checks(tmp_path: Path) -> None:
     service = Service(tmp_path / "data", 1, "--max-queued-jobs", "0", "--data-root", str(roots)).start()
     try:
         url = f"{service.url}/v1/jobs"
-        r = httpx.post(url, headers=AUTH, json={"params": _params(), "num_csx": 1})
+        r = httpx.post(url, headers=AUTH, json={"params": job_params(), "num_csx": 1})
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
-        huge = _params()
+        huge = job_params()
         huge["model"].update(hidden_size=10**9, num_heads=1)
         r = httpx.post(url, headers=AUTH, json={"params": huge, "num_csx": 1})
         assert r.status_code == 422 and r.json()["error"]["details"][0]["path"] == "model.hidden_size"
@@ -76,11 +76,11 @@ def test_rest_and_grpc_refuse_through_the_same_checks(tmp_path: Path) -> None:
                     stub.SubmitJob(request, metadata=auth, timeout=30)
                 return e.value
 
-            e = submit(_params(), priority=-1000)
+            e = submit(job_params(), priority=-1000)
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority" in (e.details() or "")
             e = submit(_text_job("/etc"))
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "data roots" in (e.details() or "")
-            e = submit(_params())
+            e = submit(job_params())
             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
         assert httpx.get(url, headers=AUTH).json()["jobs"] == []
     finally:
@@ -96,28 +96,30 @@ def test_a_job_out_of_time_fails_naming_its_limit_and_old_checkpoints_go(tmp_pat
     service = JobService(ServiceConfig(tmp_path / "data", slots=1, limits=limits))
     pids: set[int] = set()
     try:
-        short = service.submit(_params(max_steps=5, checkpoint_steps=1, rpc_timeout_s=8), num_csx=1)
-        endless = service.submit(_params(max_steps=500_000, checkpoint_steps=5, rpc_timeout_s=8), num_csx=1)
-        _wait_for(lambda: service.is_terminal(short.id), timeout=120)
-        pids.update(_role_pids(Path(short.model_dir)))
+        short = service.submit(job_params(max_steps=5, checkpoint_steps=1, rpc_timeout_s=8), num_csx=1)
+        endless = service.submit(
+            job_params(max_steps=500_000, checkpoint_steps=5, rpc_timeout_s=8), num_csx=1
+        )
+        wait_for(lambda: service.is_terminal(short.id), "the short job to end", 120)
+        pids.update(role_pids(Path(short.model_dir)))
         assert service.store.get(short.id).status == "succeeded", service.store.get(short.id).error
         assert [s for s, _ in complete_checkpoints(Path(short.model_dir))] == [4, 5]
         assert "removed checkpoint" in (Path(short.model_dir) / "run.log").read_text()
 
         started = time.monotonic()
-        _wait_for(lambda: service.is_terminal(endless.id), timeout=60)
+        wait_for(lambda: service.is_terminal(endless.id), "the endless job to end")
         record = service.store.get(endless.id)
-        pids.update(_role_pids(Path(endless.model_dir)))
+        pids.update(role_pids(Path(endless.model_dir)))
         assert record.status == "failed"
         assert "job exceeded its wall-clock limit of 8 s at step" in (record.error or ""), record.error
         last = complete_checkpoints(Path(endless.model_dir))
         if last:  # the message names the checkpoint a resubmission could start from
             assert f"its last checkpoint is {last[-1][1]} (step {last[-1][0]})" in (record.error or "")
         assert time.monotonic() - started < 60  # generous: the limit is 8 s from the job's start
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)
+        wait_for(lambda: not any(alive(p) for p in pids), "every role to end", 20)
     finally:
         service.shutdown()
-        _stop_leftovers(pids, tmp_path)
+        stop_leftovers(pids, tmp_path)
 
 
 def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
             threads = []
             for d in delays:
                 steps = 2 if rng.random() < 0.3 else 100_000  # a short one may be done before its cancel
-                r = client.post("/v1/jobs", json={"params": _params(max_steps=steps), "num_csx": 1})
+                r = client.post("/v1/jobs", json={"params": job_params(max_steps=steps), "num_csx": 1})
                 assert r.status_code == 201, r.text
                 job_id = r.json()["id"]
                 jobs.append(job_id)
@@ -152,19 +154,19 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
             for t in threads:
                 t.join(timeout=60)
             for job_id in jobs[-len(delays) :]:
-                _wait_for(
+                wait_for(
                     lambda j=job_id: (
                         client.get(f"/v1/jobs/{j}").json()["status"] in ("succeeded", "cancelled", "failed")
                     ),
-                    timeout=60,
+                    f"job {job_id} to end",
                 )
         assert codes and set(codes) <= {200, 409}, codes
         statuses = [client.get(f"/v1/jobs/{j}").json() for j in jobs]
         assert all(s["status"] in ("succeeded", "cancelled") for s in statuses), [
             (s["status"], s["error"]) for s in statuses
         ]
-        pids = [p for j in statuses for p in _role_pids(Path(j["params"]["runconfig"]["model_dir"]))]
-        _wait_for(lambda: not any(_alive(p) for p in pids), timeout=20)
+        pids = [p for j in statuses for p in role_pids(Path(j["params"]["runconfig"]["model_dir"]))]
+        wait_for(lambda: not any(alive(p) for p in pids), "every role to end", 20)
     finally:  # closed on a failure too: a leaked socket's ResourceWarning would fail a later test
         client.close()
         service.stop()

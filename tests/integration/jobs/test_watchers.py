@@ -29,8 +29,9 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.fleet import Fleet
 from tests.integration.appliance import TINY, weightstream_cmd
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.waiting import wait_until, wait_until_async
 from weightstream.jobs.api import create_app
 from weightstream.jobs.grpc_api import serve_grpc
 from weightstream.jobs.service import JobService, QueueFull, ServiceConfig
@@ -78,7 +79,7 @@ class Coordinator:
         self._rest_thread.start()
         self.grpc, port = serve_grpc(self.service, TOKEN, "127.0.0.1:0")
         self.grpc_address = f"127.0.0.1:{port}"
-        wait_for(lambda: self.rest.started, lambda: "uvicorn to start", timeout=20)
+        wait_until(lambda: self.rest.started, lambda: "uvicorn to start", timeout=20)
 
     def submit(self, name: str) -> str:
         return self.service.submit(copy.deepcopy(TINY), 1, {"name": name}).id
@@ -133,14 +134,6 @@ class Watcher:
         self.ended = True
 
 
-async def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def _timed_health(url: str) -> float:
     async with httpx.AsyncClient(base_url=url) as fresh:  # a new connection, as a probe makes
         start = time.monotonic()
@@ -175,7 +168,7 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
 ) -> None:
     c, store = coordinator, coordinator.service.store
     jobs = [c.submit("a"), c.submit("b")]
-    wait_for(lambda: c.fleet.started == ["a", "b"], lambda: f"a and b to start ({c.fleet.started})")
+    wait_until(lambda: c.fleet.started == ["a", "b"], lambda: f"a and b to start ({c.fleet.started})")
     submitted = [f"{api}-{i}" for api in ("rest", "grpc") for i in range(4)]
     c.fleet.instant.update(submitted)  # they queue behind a and b, then finish when they start
 
@@ -198,12 +191,13 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
                 for w in watchers
             ]
             try:
-                await _until(
+                await wait_until_async(
                     lambda: (
                         all(w.saw("status", status="running") for w in watchers)
                         or any(t.done() for t in tasks)
                     ),
                     "every watcher to catch up",
+                    timeout=60,
                 )
                 caught_up = {
                     api: sum(w.saw("status", status="running") for w in watchers if w.api == api)
@@ -211,7 +205,9 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
                 }
                 assert not any(t.done() for t in tasks), f"streams ended early; caught up: {caught_up}"
                 # every stream is a future parked on the store's feed, none a thread
-                await _until(lambda: store.feed.waiting() == 2 * WATCHERS, "every stream to park")
+                await wait_until_async(
+                    lambda: store.feed.waiting() == 2 * WATCHERS, "every stream to park", timeout=60
+                )
                 assert threading.active_count() - threads_before < WATCHERS // 2
 
                 for i in range(1, 4):  # each request on a fresh connection, each within the bound
@@ -226,7 +222,9 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
                 # one event per job reaches every watcher of it; its NaN and Infinity arrive as null
                 await asyncio.to_thread(store.add_event, jobs[0], "step", {"step": 1, "loss": math.nan})
                 await asyncio.to_thread(store.add_event, jobs[1], "step", {"step": 1, "loss": math.inf})
-                await _until(lambda: all(w.saw("step", step=1) for w in watchers), "the step event")
+                await wait_until_async(
+                    lambda: all(w.saw("step", step=1) for w in watchers), "the step event", timeout=60
+                )
                 assert all(w.saw("step", step=1, loss=None) for w in watchers)
 
                 # the jobs' end ends every stream, each with the final status as its last event
@@ -237,11 +235,13 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
                 for t in tasks:
                     t.cancel()
         assert all(w.ended and w.events[-1] == {**w.events[-1], "status": "succeeded"} for w in watchers)
-        await _until(lambda: store.feed.waiting() == 0, "every waiter to leave the feed")
+        await wait_until_async(
+            lambda: store.feed.waiting() == 0, "every waiter to leave the feed", timeout=60
+        )
 
     asyncio.run(scenario())
     for name in submitted:  # the submissions made while the streams were open were real jobs
-        wait_for(lambda n=name: c.fleet.runners.get(n) is not None, lambda n=name: f"{n} to start")
+        wait_until(lambda n=name: c.fleet.runners.get(n) is not None, lambda n=name: f"{n} to start")
 
 
 def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_
     ``NaN`` in SQLite) is read as null: neither API sends a token a strict JSON parser rejects."""
     c, store = coordinator, coordinator.service.store
     job = c.submit("n")
-    wait_for(lambda: c.fleet.started == ["n"], lambda: "n to start")
+    wait_until(lambda: c.fleet.started == ["n"], lambda: "n to start")
     store.add_event(job, "step", {"step": 1, "loss": math.nan, "grads": [math.inf, -math.inf, 2.5]})
     with sqlite3.connect(store.path) as legacy:  # as an older version of the store wrote it
         legacy.execute(
@@ -257,7 +257,7 @@ def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_
             (job, time.time(), '{"eval_loss": NaN, "nested": {"x": [Infinity, -Infinity]}}'),
         )
     c.fleet.runners["n"].finish()
-    wait_for(lambda: store.get(job).status == "succeeded", lambda: "n to succeed")
+    wait_until(lambda: store.get(job).status == "succeeded", lambda: "n to succeed")
 
     sse = httpx.get(f"{c.url}/v1/jobs/{job}/events", params={"follow": False}, headers=REST_AUTH)
     rest_data = [_strict(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
@@ -281,7 +281,7 @@ def test_a_follower_that_goes_away_leaves_nothing_waiting(coordinator: Coordinat
     """A cancelled WatchJob and a closed event stream each take their waiter off the feed."""
     c, store = coordinator, coordinator.service.store
     job = c.submit("q")
-    wait_for(lambda: c.fleet.started == ["q"], lambda: "q to start")
+    wait_until(lambda: c.fleet.started == ["q"], lambda: "q to start")
 
     async def scenario() -> None:
         async with (
@@ -291,9 +291,11 @@ def test_a_follower_that_goes_away_leaves_nothing_waiting(coordinator: Coordinat
             call = rpc.CoordinatorStub(channel).WatchJob(pb.WatchJobRequest(job_id=job), metadata=GRPC_AUTH)
             async with http.stream("GET", f"/v1/jobs/{job}/events") as r:
                 assert r.status_code == 200
-                await _until(lambda: store.feed.waiting() == 2, "both followers to park", timeout=20)
+                await wait_until_async(
+                    lambda: store.feed.waiting() == 2, "both followers to park", timeout=20
+                )
             call.cancel()
-            await _until(lambda: store.feed.waiting() == 0, "both waiters to leave", timeout=20)
+            await wait_until_async(lambda: store.feed.waiting() == 0, "both waiters to leave", timeout=20)
 
     asyncio.run(scenario())
     c.fleet.runners["q"].finish()

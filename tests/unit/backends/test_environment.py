@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.backends.base import RoleSpec
 from weightstream.backends.environment import THREAD_ENV_VARS, role_env
 from weightstream.backends.kubernetes.manifests import (

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.backends.kubernetes.manifests import (
     LABEL_COORDINATOR,
     LABEL_JOB,

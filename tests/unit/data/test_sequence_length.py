@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.unit.test_params_trainer import LEGACY
+from tests.params_files import LEGACY
 from weightstream.data.check import with_sequence_lengths
 from weightstream.params import ParamsError, load_params
 

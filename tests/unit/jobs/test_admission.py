@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.jobs import admission
 from weightstream.jobs.admission import CHECKS, Admission, Submission, admit
 from weightstream.jobs.config import ServiceConfig

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.appliance import TINY
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.fleet import Fleet
+from tests.params_files import TINY
+from tests.waiting import wait_until
 from weightstream.jobs.service import JobService, ServiceConfig
 from weightstream.params import ParamsError, load_params
 
@@ -159,7 +160,7 @@ def test_the_service_creates_nothing_world_readable(tmp_path: Path) -> None:
     try:
         service = JobService(ServiceConfig(tmp_path / "data", 1), runner_factory=fleet)
         job = service.submit(copy.deepcopy(TINY), 1, {"name": "j"})
-        wait_for(lambda: fleet.started == ["j"], lambda: f"started {fleet.started}")
+        wait_until(lambda: fleet.started == ["j"], lambda: f"started {fleet.started}")
         fleet.runners["j"].finish()
         service.shutdown(grace_s=5)
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.jobs.test_scheduler import Fleet
+from tests.fleet import Fleet
 from weightstream.jobs import config as config_module
 from weightstream.jobs.api.views import JobView
 from weightstream.jobs.config import ServiceConfig, default_user_name

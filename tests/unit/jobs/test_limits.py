@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.fleet import Fleet
 from tests.params_edit import MLP, edit
-from tests.unit.jobs.test_scheduler import Fleet, wait_for
+from tests.params_files import TINY
+from tests.waiting import wait_until
 from weightstream.jobs.service import JobService, QueueFull, ServiceConfig, ServiceLimits
 from weightstream.jobs.store import Job
 from weightstream.params import ParamsError, load_params, model_def
@@ -138,12 +139,12 @@ def test_a_full_queue_refuses_submissions_until_a_job_starts(make_service: Calla
     for name in ("a", "b", "c"):
         ids[name] = service.submit(copy.deepcopy(TINY), 1, {"name": name}).id
         if name == "a":  # running: it does not count
-            wait_for(lambda: fleet.started == ["a"], lambda: f"a started ({fleet.started})")
+            wait_until(lambda: fleet.started == ["a"], lambda: f"a started ({fleet.started})")
     with pytest.raises(QueueFull, match="--max-queued-jobs"):
         service.submit(copy.deepcopy(TINY), 1, {"name": "d"})
     assert len(service.store.list()) == 3
     fleet.runners["a"].finish()
-    wait_for(lambda: fleet.started == ["a", "b"], lambda: f"b started ({fleet.started})")
+    wait_until(lambda: fleet.started == ["a", "b"], lambda: f"b started ({fleet.started})")
     service.submit(copy.deepcopy(TINY), 1, {"name": "e"})  # room again
 
 

@@ -6,22 +6,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until_async
 from weightstream.jobs.notify import Event, JobFeed, follow
 from weightstream.jobs.store import JobStore
 
 
 async def _parked(feed: JobFeed, n: int) -> None:
     """Until ``n`` waiters are parked on ``feed`` (they park on their first await)."""
-    for _ in range(1000):
-        if feed.waiting() >= n:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"{feed.waiting()} waiters parked, expected {n}")
+    await wait_until_async(lambda: feed.waiting() >= n, lambda: f"{n} waiters parked ({feed.waiting()} are)")
 
 
 def test_a_waiter_is_woken_by_a_publish_from_another_thread() -> None:
@@ -164,7 +161,7 @@ def test_follow_reads_the_store_once_per_change_and_ends_with_the_job(store: Job
         await asyncio.sleep(0.5)  # quiet: a polling follower would read again here
         assert reads == 1
         await asyncio.to_thread(store.add_event, "j", "step", {"step": 1})
-        await _until(lambda: len(got) == 3)
+        await wait_until_async(lambda: len(got) == 3, lambda: f"the step event (got {got})", 10)
         assert reads == 2
         await asyncio.to_thread(store.transition, "j", "succeeded")
         await asyncio.wait_for(task, 10)
@@ -193,11 +190,3 @@ def test_follow_yields_none_when_idle_and_once_without_live(store: JobStore) -> 
     assert [e["seq"] if e else None for e in idle] == [1, 2, None]
     assert [e["seq"] for e in once if e] == [2]
     assert store.feed.waiting() == 0
-
-
-async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)

@@ -8,83 +8,19 @@ decides exactly when slots free up. The order jobs start in is the order the fac
 from __future__ import annotations
 
 import copy
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.fleet import FakeRunner, Fleet
+from tests.params_files import TINY
+from tests.waiting import wait_until
 from weightstream.jobs.service import CapacityError, JobService, ServiceConfig
 from weightstream.jobs.store import Job, JobStore
 from weightstream.params import Params, load_params
 from weightstream.training.events import EventSink
-from weightstream.training.runner import JobCancelled, JobFailed, RunSummary
-
-
-def wait_for(predicate: Callable[[], bool], what: Callable[[], str], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; on timeout fail with ``what()`` (the state as it is then)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what()}")
-        time.sleep(0.01)
-
-
-class FakeRunner:
-    """Blocks in ``run()`` until finished, cancelled or stopped; then succeeds, fails or is cancelled."""
-
-    def __init__(self, job: Job) -> None:
-        self.model_dir = Path(job.model_dir)
-        self.cancelled = threading.Event()
-        self._go = threading.Event()
-        self._error: BaseException | None = None
-        self._stopped = False
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self._error = error
-        self._go.set()
-
-    def run(self) -> RunSummary:
-        if not self._go.wait(timeout=30):  # a forgotten runner must not hang the suite
-            raise JobFailed("fake runner was never finished")
-        if self.cancelled.is_set():
-            raise JobCancelled("cancelled")
-        if self._stopped:  # as JobRunner: its roles are stopped, so run fails
-            raise JobFailed("stopped: the service is shutting down")
-        if self._error is not None:
-            raise self._error
-        return RunSummary(1, 0, 1, 0.5, None, None, 0.0)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self._go.set()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._go.set()
-
-
-class Fleet:
-    """The runner factory. Jobs are told apart by their ``name`` label; ``instant`` ones succeed at once,
-    ``broken`` ones make the factory raise."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []  # names, in the order the scheduler started them
-        self.runners: dict[str, FakeRunner] = {}
-        self.instant: set[str] = set()
-        self.broken: set[str] = set()
-
-    def __call__(self, job: Job, params: Params, on_event: EventSink) -> FakeRunner:
-        name = job.labels["name"]
-        if name in self.broken:
-            raise RuntimeError(f"no backend for {name}")
-        self.started.append(name)
-        self.runners[name] = runner = FakeRunner(job)
-        if name in self.instant:
-            runner.finish()
-        return runner
+from weightstream.training.runner import JobFailed
 
 
 class Harness:
@@ -105,10 +41,10 @@ class Harness:
         return self.job(name).status
 
     def wait_status(self, name: str, status: str) -> None:
-        wait_for(lambda: self.status(name) == status, lambda: f"{name} {status} (is {self.status(name)})")
+        wait_until(lambda: self.status(name) == status, lambda: f"{name} {status} (is {self.status(name)})")
 
     def wait_started(self, *names: str) -> None:
-        wait_for(
+        wait_until(
             lambda: self.fleet.started[: len(names)] == list(names),
             lambda: f"started {list(names)} (started {self.fleet.started})",
         )
@@ -159,7 +95,7 @@ def test_the_head_of_the_queue_is_never_overtaken(harness: Callable[..., Harness
     h.submit("small", num_csx=1)
     seen = passes[0]
     # two more passes: one that began after both were queued has finished deciding
-    wait_for(lambda: passes[0] >= seen + 2, lambda: "two scheduler passes")
+    wait_until(lambda: passes[0] >= seen + 2, lambda: "two scheduler passes")
     assert h.fleet.started == ["a"]
     assert h.status("big") == h.status("small") == "queued"
     h.fleet.runners["a"].finish()
@@ -288,7 +224,7 @@ def test_shutdown_requeues_running_jobs_and_a_new_service_starts_them(
     raw["runconfig"]["autoload_last_checkpoint"] = autoload
     job = service.submit(raw, 1, {"name": "job"})
     queued = service.submit(copy.deepcopy(TINY), 1, {"name": "queued"})
-    wait_for(lambda: service.store.get(job.id).status == "running", lambda: "job running")
+    wait_until(lambda: service.store.get(job.id).status == "running", lambda: "job running")
     service.shutdown(grace_s=10)
     assert fleet.runners["job"]._stopped, "its roles were not stopped"
     store = JobStore(tmp_path / "jobs.sqlite")
@@ -301,7 +237,7 @@ def test_shutdown_requeues_running_jobs_and_a_new_service_starts_them(
     again = Fleet()
     service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=again)
     try:
-        wait_for(lambda: again.started == ["job"], lambda: f"started {again.started}")
+        wait_until(lambda: again.started == ["job"], lambda: f"started {again.started}")
         assert service.store.get(queued.id).status == "queued"
     finally:
         service.shutdown(grace_s=10)
@@ -323,7 +259,7 @@ def test_shutdown_requeues_a_job_whose_runner_does_not_wind_down(tmp_path: Path)
 
     service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=factory)
     job = service.submit(copy.deepcopy(TINY), 1)
-    wait_for(lambda: service.store.get(job.id).status == "running", lambda: "job running")
+    wait_until(lambda: service.store.get(job.id).status == "running", lambda: "job running")
     service.shutdown(grace_s=0.5)
     made[0].finish()  # let its thread end: it finds the store closed and only logs that
     store = JobStore(tmp_path / "jobs.sqlite")

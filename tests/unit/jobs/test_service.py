@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
+from tests.waiting import wait_until
 from weightstream.jobs.service import JobService, ServiceConfig
 
 
@@ -20,9 +20,7 @@ def test_a_job_that_cannot_start_fails_and_the_scheduler_goes_on(tmp_path: Path)
         service._backend = broken_backend  # type: ignore[method-assign]
         first = service.submit(dict(TINY), num_csx=1)
         second = service.submit(dict(TINY), num_csx=1)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(service.is_terminal(j.id) for j in (first, second)):
-            time.sleep(0.05)
+        wait_until(lambda: all(service.is_terminal(j.id) for j in (first, second)), "both jobs to end", 10)
         for job in (first, second):
             record = service.store.get(job.id)
             assert record.status == "failed" and "no cluster credentials" in (record.error or "")
@@ -96,9 +94,7 @@ def test_a_runners_events_are_stored_as_the_apis_send_them(tmp_path: Path) -> No
     service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=Emitting)
     try:
         job = service.submit(dict(TINY), num_csx=1)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not service.is_terminal(job.id):
-            time.sleep(0.05)
+        wait_until(lambda: service.is_terminal(job.id), "the job to end", 10)
         assert service.store.get(job.id).status == "succeeded"
         stored = [(e["kind"], json.dumps(e["data"])) for e in service.store.events(job.id)]
     finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
 from tests.memoryx_shards import WAIT_S, in_thread, tiny_state
+from tests.params_files import TINY
 from weightstream.checkpoint_layout import MASKS, TRAINER_STATE
 from weightstream.memoryx.checkpoints import load_checkpoint, write_checkpoint
 from weightstream.memoryx.progress import ShardProgress

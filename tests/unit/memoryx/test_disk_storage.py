@@ -13,7 +13,7 @@ import psutil
 import pytest
 from safetensors.numpy import load_file
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.checkpoint_layout import checkpoint_files
 from weightstream.memoryx import service as memoryx_service
 from weightstream.memoryx import store as store_module

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx import grad_sums
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import grad_sq_sum

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.sparsity import sparsity_specs
@@ -36,11 +36,6 @@ def _shard(raw: dict[str, Any], storage: Path | None) -> tuple[MemoryXShard, Any
         model, optimizer_config(p.optimizer), list(model.specs), 7, 2, storage_dir=storage, sparsity=specs
     )
     return shard, model, specs
-
-
-@pytest.fixture(params=["memory", "disk"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return tmp_path / "memoryx" if request.param == "disk" else None
 
 
 def _step(shard: MemoryXShard, model: Any, specs: dict, step: int, rng: np.random.Generator) -> dict:

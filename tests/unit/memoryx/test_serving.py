@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
 from tests.memoryx_shards import WAIT_S, in_thread, tiny_state
+from tests.params_files import TINY
 from weightstream.memoryx import serving as serving_module
 from weightstream.memoryx.errors import StaleStepError
 from weightstream.memoryx.progress import ShardProgress

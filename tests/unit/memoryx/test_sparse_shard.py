@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics import ModelDef
 from weightstream.numerics.model import init_tensor
@@ -32,11 +32,6 @@ def _shard(raw: dict[str, Any] = SPARSE, storage: Path | None = None, resume: Pa
     resume_dir = str(resume) if resume is not None else None
     shard = MemoryXShard(model, opt, list(model.specs), 7, 2, resume_dir, storage_dir=storage, sparsity=specs)
     return shard, model, specs
-
-
-@pytest.fixture(params=["memory", "disk"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return tmp_path / "memoryx" if request.param == "disk" else None
 
 
 def _positions(shard: MemoryXShard, name: str) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.executors import CountingHelper
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import SPLIT_UPDATE
 from weightstream.params import load_params, model_def, optimizer_config

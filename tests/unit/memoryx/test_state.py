@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.integration.appliance import TINY
 from tests.memoryx_shards import tiny_state
+from tests.params_files import TINY
 from weightstream.memoryx.store import DiskStore, MemoryStore
 from weightstream.numerics.model import init_tensor
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
 from tests.memoryx_shards import WAIT_S, gate, gradients_in, in_thread, tiny_shard
+from tests.params_files import TINY
 from weightstream.transport.tensors import checksum
 
 

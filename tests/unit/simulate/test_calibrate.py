@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.simulate.test_model import workload
+from tests.simulate_cases import workload
 from weightstream.simulate.calibrate import Measurements, NullRun, calibrate, median_steps, read_metrics
 from weightstream.simulate.cluster import load_cluster
 from weightstream.simulate.model import predict_one, transport_bytes

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.unit.simulate.test_model import SMALL_GPT2
+from tests.simulate_cases import SMALL_GPT2
 from weightstream.cli import app
 from weightstream.simulate.cluster import cerebras_like
 

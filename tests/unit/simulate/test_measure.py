@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.simulate.test_model import SMALL_GPT2
+from tests.simulate_cases import SMALL_GPT2
 from weightstream.params import load_params, model_def
 from weightstream.simulate.measure import time_reduce, time_units, time_update
 

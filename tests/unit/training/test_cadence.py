@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.params import load_params
 from weightstream.training.cadence import Cadence
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.training.divergence import TrainingDiverged, check_finite

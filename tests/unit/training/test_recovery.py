@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.backends.base import RoleSpec
 from weightstream.checkpoint_layout import confine_checkpoint
 from weightstream.memoryx.shard import MemoryXShard

@@ -8,6 +8,9 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+import weightstream.training.recovery as recovery_module
 from weightstream.backends.base import RoleSpec
 from weightstream.training.recovery import Recovery
 
@@ -43,7 +46,8 @@ def test_a_role_whose_exit_is_seen_after_the_probe_is_reported_dead() -> None:
     assert lost == {VICTIM: "memoryx-0 (pid 1) was killed by SIGKILL"}
 
 
-def test_a_role_that_stays_up_without_answering_is_hung() -> None:
+def test_a_role_that_stays_up_without_answering_is_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recovery_module, "EXIT_GRACE_S", 0.3)  # how long it looks again is not the point
     backend = Backend(seen_at=None)
     lost = recovery(backend)._lost()
     assert list(lost) == [VICTIM] and "(hung); killed" in lost[VICTIM]

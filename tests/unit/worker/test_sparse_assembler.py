@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.numerics.sparse import SparseWeight
 from weightstream.params import load_params, model_def
 from weightstream.transport.errors import ProtocolError

@@ -3,7 +3,7 @@ the kernel against torch autograd with the same mask and against finite differen
 against Hugging Face's GPT2LMHeadModel in train mode given our masks; masks that depend on (seed, step,
 global sample, site) only, so shards and micro-batches draw the full batch's; nothing changes at rate 0,
 outside a scope or in evaluation. The params, config.json and start-from-HF ends are in
-test_attention_dropout_params.py."""
+tests/unit/params/test_attention_dropout.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import weightstream.numerics._blocked as blocked
-from tests.integration.appliance import TINY
 from tests.model_checks import assert_grads_match_finite_differences
+from tests.params_files import TINY
 from weightstream.numerics import (
     GPT2Config,
     ModelDef,

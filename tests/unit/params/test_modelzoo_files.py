@@ -13,7 +13,7 @@ import yaml
 
 from weightstream.params import ParamsError, load_params, model_def, read_params
 
-FILES = Path(__file__).parents[1] / "data" / "modelzoo"
+FILES = Path(__file__).parents[2] / "data" / "modelzoo"
 
 # ModelZoo 2.4's shape (Cerebras-GPT 111M, sizes made small): the precision in both places
 TRAINER_24 = """

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.params import ParamsError, dump_params, load_params, model_def
 from weightstream.training.checkpoints import hf_config
 

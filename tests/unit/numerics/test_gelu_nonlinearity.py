@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.params import load_params, model_def
 from weightstream.training.checkpoints import hf_config
 

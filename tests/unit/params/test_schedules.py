@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from numpy.testing import assert_allclose
 
-from tests.unit.test_schedules import mz_polynomial, mz_sequential, ours
+from tests.modelzoo_schedules import mz_polynomial, mz_sequential, ours
 from weightstream.numerics.optim import SchedulePiece
 from weightstream.params import ParamsError, dump_params, load_params, optimizer_config
 

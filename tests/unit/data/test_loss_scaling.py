@@ -14,8 +14,7 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose, assert_array_equal
 
-from tests.integration.appliance import TINY
-from tests.unit.test_masked_loss import _padded_params
+from tests.params_files import TINY, padded_hdf5_params
 from weightstream.activation.service import ActivationServer, ActivationServicer
 from weightstream.data import DataProcessor, make_data_processor
 from weightstream.data.loss_scaling import LossScaling, loss_denominator, loss_scaling
@@ -136,7 +135,7 @@ def test_batch_size_reads_no_padding_masks(rng: np.random.Generator, monkeypatch
 
 def _loaded(tmp: Path, **model: Any) -> Any:
     tmp.mkdir()
-    raw = _padded_params(tmp)
+    raw = padded_hdf5_params(tmp)
     raw["model"].update(model)
     return load_params(raw, overrides={"eval_steps": 1})
 

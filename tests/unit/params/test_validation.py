@@ -12,7 +12,7 @@ import yaml
 from weightstream.numerics.optim import learning_rate_at
 from weightstream.params import ParamsError, dump_params, load_params, model_def, optimizer_config
 
-EXAMPLES = Path(__file__).parents[2] / "services" / "weightstream" / "examples"
+EXAMPLES = Path(__file__).parents[3] / "services" / "weightstream" / "examples"
 
 GOOD: dict[str, Any] = {
     "train_input": {

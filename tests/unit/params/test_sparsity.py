@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.params import load_params, model_def
 from weightstream.params.sparsity import model_density, sparsity_specs

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.params_files import TINY_GPT2 as GPT2
+from tests.params_files import TINY_LLAMA as LLAMA
 from weightstream.numerics import init_params
 from weightstream.numerics.init import Initializer
 from weightstream.params import ParamsError, dump_params, load_params, model_def
@@ -20,34 +22,6 @@ from weightstream.params.model_schema import GPT2ModelParams
 
 torch = pytest.importorskip("torch", reason="pip install -e .[test]")
 
-GPT2: dict[str, Any] = {
-    "train_input": {"data_processor": "SyntheticDataProcessor", "batch_size": 4, "max_sequence_length": 16},
-    "model": {
-        "name": "gpt2",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 64,
-        "max_position_embeddings": 16,
-    },
-    "optimizer": {"optimizer_type": "adamw", "learning_rate": 1.0e-3},
-    "runconfig": {"max_steps": 2, "seed": 7},
-}
-LLAMA: dict[str, Any] = {
-    **GPT2,
-    "model": {
-        "name": "llama",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_heads": 4,
-        "filter_size": 48,
-        "max_position_embeddings": 16,
-        "attention_module": "multiquery_attention",
-        "extra_attention_params": {"num_kv_groups": 2},
-    },
-}
 # sha256 over (name, bytes) of init_params(seed 7) for these models without the keys: ModelZoo's default
 # (truncated normal at 2 std, output projections scaled by 1/sqrt(2L), numerics/model.py). Re-pinned when
 # that default replaced Hugging Face's normal(0, initializer_range): exactly the weights changed then (the

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.bench_module import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\nflags\t\t: avx2\n"
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose
 
-from tests.unit.test_rope_scaling import _hf_inv_freq
+from tests.torch_reference import hf_inv_freq
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.numerics.rope_scaling import (
     RopeScaling,
@@ -184,7 +184,7 @@ def test_exported_config_loads_in_transformers_with_the_same_rope(
     scaling = rope_scaling(p.model)
     assert theirs.rope_parameters["rope_type"] == keys["pos_scaling_type"]
     ours = rope_inv_freq(p.model.head_dim, p.model.rope_theta, scaling)
-    assert_allclose(ours, _hf_inv_freq(theirs), rtol=1e-6)
+    assert_allclose(ours, hf_inv_freq(theirs), rtol=1e-6)
     assert rope_from_hf_config(config) == (500000.0, scaling)
     # transformers < 5 reads rope_scaling beside rope_theta (linear as {type, factor} since it first had
     # it; llama3 with rope_type, as Llama 3.1's config.json); 5 reads rope_parameters
@@ -204,7 +204,7 @@ def test_exported_config_loads_in_transformers_with_the_same_rope(
         (tmp_path / drop).mkdir()
         (tmp_path / drop / "config.json").write_text(json.dumps(alone))
         read = transformers.AutoConfig.from_pretrained(tmp_path / drop)
-        assert_allclose(_hf_inv_freq(read), _hf_inv_freq(theirs), rtol=0, err_msg=drop)
+        assert_allclose(hf_inv_freq(read), hf_inv_freq(theirs), rtol=0, err_msg=drop)
 
 
 def test_unscaled_export_is_unchanged(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_config_json_reads_as_transformers_reads_it(config: dict[str, Any], tmp_
     kind = theirs.rope_parameters["rope_type"]
     assert (scaling.kind if scaling else "default") == kind
     if scaling is not None:
-        assert_allclose(rope_inv_freq(16, theta, scaling), _hf_inv_freq(theirs), rtol=1e-6)
+        assert_allclose(rope_inv_freq(16, theta, scaling), hf_inv_freq(theirs), rtol=1e-6)
 
 
 def _saved_llama(tmp: Path, rope: dict[str, Any] | None) -> Path:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tests.bench_module import load_bench
-from tests.unit.simulate.test_model import GB, cluster, workload
+from tests.simulate_cases import GB, cluster, workload
 from weightstream.simulate.cluster import cerebras_like
 from weightstream.simulate.model import predict_one
 

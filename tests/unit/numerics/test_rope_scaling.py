@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from tests.torch_reference import hf_inv_freq
 from weightstream.numerics import LlamaConfig, build_llama, forward_backward, init_params
 from weightstream.numerics.rope_scaling import (
     RopeScaling,
@@ -40,14 +41,6 @@ def _hf_config(head_dim: int, theta: float, rope: dict[str, Any] | None, **kw: A
     )
 
 
-def _hf_inv_freq(config: Any) -> np.ndarray:
-    """transformers' own inv_freq for ``config`` (float32, its dtype)."""
-    kind = config.rope_parameters["rope_type"]
-    inv_freq, attention_factor = rope_utils.ROPE_INIT_FUNCTIONS[kind](config, "cpu")
-    assert attention_factor == 1.0  # linear and llama3 scale no cos/sin
-    return inv_freq.numpy()
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The frequencies
 # ---------------------------------------------------------------------------------------------------------
@@ -73,7 +66,7 @@ def test_inv_freq_equals_transformers(
     """Ours are float64 from correctly rounded powers, transformers' float32: equal to 1e-6 relative."""
     scaling = make_rope_scaling(kind, factor, extra)
     ours = rope_inv_freq(head_dim, theta, scaling)
-    theirs = _hf_inv_freq(_hf_config(head_dim, theta, {"rope_type": kind, "factor": factor, **extra}))
+    theirs = hf_inv_freq(_hf_config(head_dim, theta, {"rope_type": kind, "factor": factor, **extra}))
     assert ours.dtype == np.float64 and ours.shape == theirs.shape == (head_dim // 2,)
     assert_allclose(ours, theirs, rtol=1e-6)
     plain = rope_inv_freq(head_dim, theta)

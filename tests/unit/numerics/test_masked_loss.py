@@ -3,7 +3,6 @@ counted tokens of the global batch, and the worker's step and the reference trai
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from tests.integration.appliance import TINY
+from tests.params_files import padded_hdf5_params
 from weightstream.data import make_data_processor
 from weightstream.numerics import forward_backward, forward_loss, init_params
 from weightstream.numerics import layers as L
@@ -117,26 +116,6 @@ def test_without_negative_targets_the_bits_are_unchanged(dtype, rng) -> None:
 WORKERS = 2
 
 
-def _padded_params(tmp: Path) -> dict[str, Any]:
-    """TINY (vocab 64, T 16, batch 8) reading two HDF5 files of 12 samples each with padding."""
-    h5py = pytest.importorskip("h5py", reason="GptHDF5MapDataProcessor reads HDF5 with h5py")
-    rng = np.random.default_rng(0)
-    seq = TINY["train_input"]["max_sequence_length"]
-    for part in range(2):
-        data = np.zeros((12, 3, seq), np.int32)  # [n, 3, T]
-        for i in range(12):
-            length = seq - (3 * i) % seq  # 16, 13, 10, ...: padding at the end of most samples
-            ids = rng.integers(1, 64, length + 1)
-            data[i, 0, :length], data[i, 1, :length], data[i, 2, :length] = ids[:-1], 1, ids[1:]
-        with h5py.File(tmp / f"part{part}.h5", "w") as f:
-            f.create_dataset("data", data=data)
-            f.attrs["n_examples"] = 12
-    raw = copy.deepcopy(TINY)
-    for sec in ("train_input", "eval_input"):
-        raw[sec].update(data_processor="GptHDF5MapDataProcessor", data_dir=str(tmp))
-    return raw
-
-
 class Units:
     """A UnitSource with every weight here: fresh copies out, pushed gradients summed by name."""
 
@@ -165,7 +144,7 @@ class Batches:
 
 
 def test_worker_step_and_reference_divide_by_the_global_count_of_counted_tokens(tmp_path: Path) -> None:
-    params = load_params(_padded_params(tmp_path))
+    params = load_params(padded_hdf5_params(tmp_path))
     model = model_def(params)
     weights = init_params(model, params.runconfig.seed)
     batches = Batches(params)
@@ -199,7 +178,7 @@ def test_worker_step_and_reference_divide_by_the_global_count_of_counted_tokens(
 
 
 def test_evaluate_divides_by_the_global_count(tmp_path: Path) -> None:
-    params = load_params(_padded_params(tmp_path), overrides={"eval_steps": 2})
+    params = load_params(padded_hdf5_params(tmp_path), overrides={"eval_steps": 2})
     model = model_def(params)
     weights = init_params(model, params.runconfig.seed)
     batches = Batches(params)

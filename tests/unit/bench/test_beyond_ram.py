@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.bench_module import load_bench
-from tests.integration.appliance import TINY
+from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.size import num_params

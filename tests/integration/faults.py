@@ -1,0 +1,51 @@
+"""A `weightstream run` to strike faults at, and what a test reads of it: the steps it logged, a role's pid,
+its losses, and whether two runs' checkpoints are bitwise the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from tests.integration.appliance import weightstream_cmd
+
+
+def start_run(params: Path, model_dir: Path) -> subprocess.Popen[str]:
+    cmd = [*weightstream_cmd(), "run", str(params), "--model_dir", str(model_dir)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def steps_logged(model_dir: Path) -> int:
+    f = model_dir / "metrics.jsonl"
+    if not f.exists():
+        return 0
+    return sum(1 for line in f.read_text().splitlines() if '"loss"' in line)
+
+
+def steps_logged_while_running(proc: subprocess.Popen[str], model_dir: Path) -> int:
+    """``steps_logged``, failing the test if the run has ended: for a wait on the run's progress."""
+    assert proc.poll() is None, proc.communicate()
+    return steps_logged(model_dir)
+
+
+def role_pid(model_dir: Path, role: str) -> int:
+    return int(json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"])
+
+
+def logged_losses(model_dir: Path) -> list[tuple[int, Any, Any]]:
+    records = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("loss"), r.get("eval_loss")) for r in records]
+
+
+def assert_checkpoints_bitwise_equal(a: Path, b: Path) -> None:
+    files = sorted(p.name for p in a.glob("*.safetensors"))
+    assert files and files == sorted(p.name for p in b.glob("*.safetensors"))
+    for name in files:
+        x, y = load_file(a / name), load_file(b / name)
+        assert x.keys() == y.keys()
+        for k in x:
+            assert np.array_equal(x[k], y[k]), f"{name}: {k} differs"
