@@ -121,6 +121,7 @@ def broadcast(
                     env={**env, **role_env(kind, 1)},
                 )
             procs.append((host, proc))
+            assert proc.stdin is not None  # stdin=PIPE
             proc.stdin.write(token.encode() + b"\n")
             proc.stdin.close()
             proc.stdin = None  # closed: stop's communicate must not flush it

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -142,10 +143,14 @@ class Chaos:
             self._finished = True
             self._cond.notify_all()
 
+    def _reached(self, step: int) -> bool:
+        """Whether the run got to ``step`` (or finished); read under ``_cond``."""
+        return self._finished or self._step >= step
+
     def inject(self) -> None:
         for inj in self.schedule:
             with self._cond:
-                self._cond.wait_for(lambda inj=inj: self._finished or self._step >= inj.after_step)
+                self._cond.wait_for(partial(self._reached, inj.after_step))
                 if self._finished:
                     return
             # the role's current process: a replacement's Popen takes its place in ``procs``, and the
@@ -350,7 +355,15 @@ def params_dict(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-SMOKE = {"hidden": 32, "layers": 2, "seq": 16, "batch": 8, "vocab": 64, "steps": 40, "faults": 5}
+SMOKE: dict[str, float] = {
+    "hidden": 32,
+    "layers": 2,
+    "seq": 16,
+    "batch": 8,
+    "vocab": 64,
+    "steps": 40,
+    "faults": 5,
+}
 SMOKE.update(rpc_timeout=5.0, snapshot_steps=6, checkpoint_steps=20)
 
 

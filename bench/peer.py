@@ -185,11 +185,12 @@ def train_torch(
     o = raw["optimizer"]
     # the appliance's (ModelZoo's) parameter groups: no weight decay on biases and LayerNorm weights
     no_decay = {n for n, _ in model.named_parameters() if is_bias_or_norm(n.removeprefix("module."))}
+    groups: list[dict[str, Any]] = [
+        {"params": [p for n, p in model.named_parameters() if n not in no_decay]},
+        {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(
-        [
-            {"params": [p for n, p in model.named_parameters() if n not in no_decay]},
-            {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0},
-        ],
+        groups,
         lr=o["learning_rate"],
         betas=o["betas"],
         eps=o["eps"],

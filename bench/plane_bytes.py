@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return sum(len(m) for m in grpc_call(b""))
 
         conn = socket.create_connection(("127.0.0.1", sock_port))
-        buf = memoryview(np.empty(CHUNK_BYTES, dtype=np.uint8))
+        buf = memoryview(bytearray(CHUNK_BYTES))
 
         def plain_socket() -> int:
             conn.sendall(b"x")
@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "config": {"chunks": a.chunks, "chunk_bytes": CHUNK_BYTES, "rounds": a.rounds}
         }
         ways = (("plane", plane), ("inline", inline), ("grpc", plain_grpc), ("socket", plain_socket))
+        assert server.pid is not None  # started above
         for name, receive in ways:
-            result[name] = measure(server.pid, receive, a.rounds)  # type: ignore[arg-type]  # pid set: started
+            result[name] = measure(server.pid, receive, a.rounds)
         base = result["plane"]["cpu_ns_per_byte"]
         result["inline_over_plane_cpu"] = round(result["inline"]["cpu_ns_per_byte"] / base, 3)
         result["grpc_over_plane_cpu"] = round(result["grpc"]["cpu_ns_per_byte"] / base, 3)

@@ -20,6 +20,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from machine import record  # bench/machine.py: the machine, date, command and commit
@@ -82,14 +83,14 @@ def main() -> None:
             w = random_weight(shape, sparsity, rng)
             density = round(1.0 - sparsity, 6)
             dense = [
-                best_ms(lambda x=x, wd=w_dense: matmul(x, wd), a.repeats),
-                best_ms(lambda dy=dy, wd=w_dense: matmul(dy, wd.T), a.repeats),
-                best_ms(lambda x=x, dy=dy: matmul(x.T, dy), a.repeats),
+                best_ms(partial(matmul, x, w_dense), a.repeats),
+                best_ms(partial(matmul, dy, w_dense.T), a.repeats),
+                best_ms(partial(matmul, x.T, dy), a.repeats),
             ]
             sparse = [
-                best_ms(lambda x=x, w=w: sparse_matmul(x, w), a.repeats),
-                best_ms(lambda dy=dy, w=w: sparse_matmul(dy, w.T), a.repeats),
-                best_ms(lambda x=x, dy=dy, w=w: sampled_matmul(x, dy, w), a.repeats),
+                best_ms(partial(sparse_matmul, x, w), a.repeats),
+                best_ms(partial(sparse_matmul, dy, w.T), a.repeats),
+                best_ms(partial(sampled_matmul, x, dy, w), a.repeats),
             ]
             rows.append(
                 {

@@ -287,7 +287,7 @@ def main() -> None:
         tps2 = appliance_step_s(raw, 2, work).tokens_per_second
         bw = broadcast_gbps(a, work, a.repeats, shared_memory=True)
         bw_grpc = broadcast_gbps(a, work, a.repeats, shared_memory=False)
-        raw_gbps = raw_grpc_gbps(bw["unit_bytes"] // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
+        raw_gbps = raw_grpc_gbps(int(bw["unit_bytes"]) // (4 << 20) * (4 << 20) or (4 << 20), a.repeats)
     print(
         json.dumps(
             record(

@@ -111,4 +111,4 @@ def numpys_blas(infos: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     its own wheel's (in ``numpy.libs``) where listed, else the first; None if none. scipy's wheels load
     another OpenBLAS (another version), and threadpoolctl lists the two in no fixed order."""
     own = [i for i in infos if os.path.basename(os.path.dirname(i.get("filepath", ""))) == "numpy.libs"]
-    return (own or list(infos) or [None])[0]
+    return own[0] if own else (infos[0] if infos else None)

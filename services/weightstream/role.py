@@ -236,9 +236,9 @@ def serve_role(
         log.info("stopping on %s", signal.Signals(told[0]).name)
     _exit_by(exit_deadline_s)
     server.stop(grace=1.0).wait(timeout=5)
-    end = bulk.endpoint()
-    if end is not None:
-        log.info("%s", end.summary())
+    serving = bulk.endpoint()
+    if serving is not None:
+        log.info("%s", serving.summary())
     bulk.stop()
     role.close()
     time.sleep(0.05)

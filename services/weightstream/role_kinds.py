@@ -1,18 +1,22 @@
 """The role kinds a process can serve, listed once: what each role package gives ``role.serve_role``.
 
 A role process (``weightstream memoryx|swarmx|worker|activation``) finds its kind here. Each kind's
-package implements ``RoleKind`` in its ``service`` module: ``build`` makes the role's logic for a job,
-``add_servicer`` registers its gRPC service through the generated code, and ``reconfigure``, where a role
-has it, keeps the role's state across a new configuration (MemoryX keeps its weights; the others are built
-anew). Every import of a role's service module is written out below, so the import linter sees each one
-(pyproject.toml: only this module imports them), and a role process imports only its own kind's code.
+package implements the declared protocol in its ``service`` module, ``RoleService`` or, for a role that
+keeps its state across a new configuration, ``StatefulRoleService``: ``build`` makes the role's logic for
+a job, ``add_servicer`` registers its gRPC service through the generated code
+(``transport.servicers.register_servicer``), and ``reconfigure`` keeps the logic ``build`` made across a new
+configuration, or says to build anew (MemoryX keeps its weights). The loaders below pass the module itself
+as the protocol, so a type checker checks each against it, and tests/unit/test_role_kinds.py checks the
+names and annotations at run time. Every import of a role's service module is written out below, so the
+import linter sees each one (pyproject.toml: only this module imports them), and a role process imports
+only its own kind's code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import grpc
@@ -20,7 +24,32 @@ if TYPE_CHECKING:
     from weightstream.plan import JobSpec
     from weightstream.role import Reconfigure, RoleHost
 
-__all__ = ["KINDS", "RoleKind", "role_kind"]
+__all__ = ["KINDS", "RoleKind", "RoleService", "StatefulRoleService", "role_kind"]
+
+L = TypeVar("L")  # a role's logic: what ``build`` makes and ``reconfigure`` keeps
+
+
+class RoleService(Protocol):
+    """What a role package's ``service`` module provides."""
+
+    def build(self, job: JobSpec) -> Any:
+        """The role's logic for ``job`` (its servicer reaches it through ``RoleHost.logic``)."""
+        ...
+
+    def add_servicer(self, host: RoleHost, server: grpc.Server) -> None:
+        """Register the role's gRPC service on ``server``, its logic reached through ``host``."""
+        ...
+
+
+class StatefulRoleService(RoleService, Protocol[L]):
+    """A ``RoleService`` whose logic may outlive a configuration."""
+
+    def build(self, job: JobSpec) -> L: ...
+
+    # positional: ``RoleHost`` passes both so, and each role names its own logic
+    def reconfigure(self, logic: L, job: JobSpec, /) -> L | None:
+        """``logic``, adapted to ``job`` (a new configuration of the same job), to keep; None: build anew."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -40,28 +69,36 @@ class Listed:
     load: Callable[[], RoleKind]
 
 
+def _serving(service: RoleService) -> RoleKind:
+    return RoleKind(service.build, service.add_servicer)
+
+
+def _keeping_state(service: StatefulRoleService[L]) -> RoleKind:
+    return RoleKind(service.build, service.add_servicer, service.reconfigure)
+
+
 def _memoryx() -> RoleKind:
     from weightstream.memoryx import service
 
-    return RoleKind(service.build, service.add_servicer, service.reconfigure)
+    return _keeping_state(service)
 
 
 def _swarmx() -> RoleKind:
     from weightstream.swarmx import service
 
-    return RoleKind(service.build, service.add_servicer)
+    return _serving(service)
 
 
 def _worker() -> RoleKind:
     from weightstream.worker import service
 
-    return RoleKind(service.build, service.add_servicer)
+    return _serving(service)
 
 
 def _activation() -> RoleKind:
     from weightstream.activation import service
 
-    return RoleKind(service.build, service.add_servicer, service.reconfigure)
+    return _keeping_state(service)
 
 
 KINDS: dict[str, Listed] = {

@@ -1,10 +1,10 @@
 """No import circles among weightstream's modules, counting imports inside functions too.
 
-import-linter (``lint-imports``) checks the layers but does not see every import made inside a function,
-and a deferred import is how a circle usually hides ("local: X builds on this module"). This scan reads
-every module's source with ``ast``: each ``import``/``from ... import`` of a weightstream module, at any
-depth, is an edge, except under ``if TYPE_CHECKING:`` (never run). An edge goes to the module named, not
-to the packages above it, as import-linter counts them.
+pyproject.toml's ``acyclic_siblings`` contract says the same for lint-imports, package by package; this
+scan keeps the rule in the unit suite and names a circle module by module. A deferred import is how a
+circle usually hides ("local: X builds on this module"), so it reads every module's source with ``ast``:
+each ``import``/``from ... import`` of a weightstream module, at any depth, is an edge, except under
+``if TYPE_CHECKING:`` (never run). An edge goes to the module named, not to the packages above it.
 """
 
 from __future__ import annotations

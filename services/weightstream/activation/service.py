@@ -12,8 +12,10 @@ from weightstream.data.loss_scaling import NUM_TOKENS, LossScaling, loss_denomin
 from weightstream.params import load_params
 from weightstream.plan import JobSpec
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost
-from weightstream.transport.rpc import abort_on_error, add_service, tensors_out
+from weightstream.transport.rpc import abort_on_error
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.tensors import tensor_messages
 
 __all__ = ["ActivationServer", "add_servicer", "build", "reconfigure"]
@@ -57,7 +59,10 @@ def reconfigure(server: ActivationServer, job: JobSpec) -> ActivationServer:
     return server
 
 
-class ActivationServicer:
+class ActivationServicer(rpc.ActivationServicer):
+    """Only translates messages; ``ActivationServer`` does the work. Batches go as a tensor stream, raw
+    bytes (``register_servicer``)."""
+
     def __init__(self, host: RoleHost) -> None:
         self.host = host
 
@@ -74,6 +79,4 @@ class ActivationServicer:
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    add_service(
-        server, "Activation", {"GetBatch": tensors_out(ActivationServicer(host).GetBatch, pb.BatchRequest)}
-    )
+    register_servicer(rpc.add_ActivationServicer_to_server, ActivationServicer(host), server)

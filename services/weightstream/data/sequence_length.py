@@ -26,7 +26,7 @@ def sequence_length(inp: InputParams) -> int:
     first = data_files(data_dir, "*.h5", _HDF5)[0]
     try:
         with h5py.File(first, "r") as f:
-            shape = f["data"].shape if "data" in f else ()
+            shape: tuple[int, ...] = f["data"].shape if "data" in f else ()
     except OSError as e:
         raise DataError(f"{first}: not a readable HDF5 file ({e})") from e
     if len(shape) != 3 or shape[1] != 3:

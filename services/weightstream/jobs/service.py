@@ -11,6 +11,7 @@ checked here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -220,7 +221,7 @@ class JobService:
         self.store.transition(job.id, "running")
         Path(job.model_dir).mkdir(mode=0o750, parents=True, exist_ok=True)
         params = load_params(job.params)
-        runner = self._make_runner(job, params, lambda e, j=job.id: self._on_event(j, e))
+        runner = self._make_runner(job, params, functools.partial(self._on_event, job.id))
         self._running[job.id] = (runner, job.num_csx)
         thread = threading.Thread(target=self._run, args=(job.id, runner), name=f"job-{job.id}", daemon=True)
         self._threads[job.id] = thread

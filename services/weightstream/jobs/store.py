@@ -12,6 +12,7 @@ row written before that rule is read back as null, so neither API can send ``NaN
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import sqlite3
@@ -215,7 +216,7 @@ class JobStore:
             jobs = [j for j in jobs if all(j.labels.get(k) == v for k, v in labels.items())]
         return jobs
 
-    def queue(self) -> list[Job]:
+    def queue(self) -> builtins.list[Job]:
         """Queued jobs in the order they run: priority (1 first), then submission time."""
         with self._lock:
             rows = self._db.execute(
@@ -316,7 +317,9 @@ class JobStore:
             ).fetchall()
         return {str(kind): n for kind, n in rows if kind is not None}
 
-    def events(self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None) -> list[Event]:
+    def events(
+        self, job_id: str, after: int = 0, kinds: tuple[str, ...] | None = None
+    ) -> builtins.list[Event]:
         self.get(job_id)
         with self._lock:
             rows = self._db.execute(
@@ -326,7 +329,7 @@ class JobStore:
         out = [_row_event(r) for r in rows]
         return [e for e in out if kinds is None or e["kind"] in kinds]
 
-    def tail(self, job_id: str, after: int = 0) -> tuple[bool, list[Event]]:
+    def tail(self, job_id: str, after: int = 0) -> tuple[bool, builtins.list[Event]]:
         """Whether the job has finished, and its events with seq > ``after``, read together (one lock):
         when it says finished, the events include every one up to the job's end (``notify.follow``)."""
         with self._lock:

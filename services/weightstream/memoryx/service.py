@@ -15,17 +15,12 @@ from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.sparsity import sparsity_specs
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost, shm_tag
 from weightstream.transport.fencing import generation_of
 from weightstream.transport.plane import SHARED_MEMORY, DataPlane, SharedMemoryPlane, plane_of_call
-from weightstream.transport.rpc import (
-    abort_on_error,
-    add_service,
-    receive_tensors,
-    tensor_push,
-    tensors_out,
-    unary,
-)
+from weightstream.transport.rpc import abort_on_error, receive_tensors
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.shm import SharedArena
 
 __all__ = ["MemoryXServicer", "add_servicer", "build", "reconfigure"]
@@ -107,8 +102,9 @@ def shard_checkpoint_files(job: JobSpec, weights_only: bool) -> dict[str, list[t
     return out
 
 
-class MemoryXServicer:
-    """Only translates messages; ``MemoryXShard`` does the work."""
+class MemoryXServicer(rpc.MemoryXServicer):
+    """Only translates messages; ``MemoryXShard`` does the work. Tensor streams are raw bytes
+    (``register_servicer``)."""
 
     def __init__(self, host: RoleHost) -> None:
         self.host = host
@@ -149,6 +145,10 @@ class MemoryXServicer:
             lambda h, g: shard.add_gradient(h.step, h.unit, g, gen),
             self._plane(shard, context),
         )
+
+    def PushGradientsOne(self, request: bytes, context: grpc.ServicerContext) -> pb.Ack:
+        """A push that is one message (``transport.rpc.TensorPush``), read as a stream of one."""
+        return self.PushGradients(iter((request,)), context)
 
     def GradNormSq(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.NormReply:
         try:
@@ -200,15 +200,4 @@ class MemoryXServicer:
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    s = MemoryXServicer(host)
-    add_service(
-        server,
-        "MemoryX",
-        {
-            "GetTensors": tensors_out(s.GetTensors, pb.TensorRequest),
-            **tensor_push("PushGradients", s.PushGradients, pb.Ack),
-            "GradNormSq": unary(s.GradNormSq, pb.StepRequest, pb.NormReply),
-            "ApplyUpdate": unary(s.ApplyUpdate, pb.UpdateRequest, pb.Ack),
-            "SaveCheckpoint": unary(s.SaveCheckpoint, pb.CheckpointRequest, pb.CheckpointReply),
-        },
-    )
+    register_servicer(rpc.add_MemoryXServicer_to_server, MemoryXServicer(host), server)

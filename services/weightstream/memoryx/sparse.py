@@ -125,13 +125,12 @@ class SparseTensors:
         (one buffer, reused: each block is written out before the next is made)."""
         positions = self.positions(name)
         numel = self.numel(name)
-        per_entry = isinstance(values, np.ndarray)
-        block = np.empty(min(numel, BLOCK_ELEMENTS), dtype=dtype)
+        block: np.ndarray = np.empty(min(numel, BLOCK_ELEMENTS), dtype=dtype)
         for start in range(0, numel, BLOCK_ELEMENTS):
             out = block[: min(BLOCK_ELEMENTS, numel - start)]
             lo, hi = np.searchsorted(positions, [start, start + len(out)])
             out[...] = 0
-            out[positions[lo:hi] - start] = values[lo:hi] if per_entry else values
+            out[positions[lo:hi] - start] = values[lo:hi] if isinstance(values, np.ndarray) else values
             yield out
 
     def density(self) -> float:

@@ -96,7 +96,7 @@ def _write_tensor(f: BinaryIO, blocks: Callable[[], Iterable[np.ndarray]], dtype
     for block in blocks():
         if not np.isfinite(block).all():
             return False
-        f.write(memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B"))
+        f.write(np.ascontiguousarray(block, dtype=dtype).data.cast("B"))
     return True
 
 

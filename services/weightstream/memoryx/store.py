@@ -261,7 +261,7 @@ class DiskStore(TensorStore):
 
     # -- whole-buffer positional I/O (a single pread/pwrite may move fewer bytes than asked) ------------
     def _pread(self, fd: int, out: np.ndarray, start: int) -> None:
-        view, offset = memoryview(out).cast("B"), start * _F32.itemsize
+        view, offset = out.data.cast("B"), start * _F32.itemsize
         done, t0 = 0, time.perf_counter()
         while done < len(view):
             got = os.preadv(fd, [view[done:]], offset + done)
@@ -272,7 +272,7 @@ class DiskStore(TensorStore):
         self.io_seconds += time.perf_counter() - t0
 
     def _pwrite(self, fd: int, data: np.ndarray, start: int) -> None:
-        view, offset = memoryview(data).cast("B"), start * _F32.itemsize
+        view, offset = data.data.cast("B"), start * _F32.itemsize
         done, t0 = 0, time.perf_counter()
         while done < len(view):
             done += os.pwritev(fd, [view[done:]], offset + done)

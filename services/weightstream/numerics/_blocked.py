@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -115,7 +116,7 @@ def for_row_blocks(fn: Callable[[slice], None], rows: int, row_len: int) -> None
         for s in blocks:
             fn(s)
         return
-    run_tasks([lambda s=s: fn(s) for s in blocks])
+    run_tasks([partial(fn, s) for s in blocks])
 
 
 @contextmanager
@@ -176,7 +177,7 @@ def matmul(
                 o += bias if row_bias else bias[s]
 
     with single_threaded_blas():
-        run_tasks([lambda s=s: part(s) for s in product_parts(size)])
+        run_tasks([partial(part, s) for s in product_parts(size)])
     return out
 
 
@@ -188,5 +189,5 @@ def sum_rows(a: np.ndarray) -> np.ndarray:
     def part(s: slice) -> None:
         np.add.reduce(a[:, s], axis=0, out=out[s])
 
-    run_tasks([lambda s=s: part(s) for s in product_parts(a.shape[1])])
+    run_tasks([partial(part, s) for s in product_parts(a.shape[1])])
     return out

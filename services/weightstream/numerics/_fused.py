@@ -70,9 +70,14 @@ def _jit(fn: Callable[..., Any]) -> Any:
         return njit(cache=False, **_OPTIONS)(fn)
 
 
+def _inline(fn: Callable[..., Any]) -> Any:
+    """``njit`` with ``inline="always"``: numba inlines the function into each kernel that calls it."""
+    return njit(inline="always", **_OPTIONS)(fn)
+
+
 # Loops index views with range(len): LLVM vectorizes those, not loops over range(lo, hi) (numba's
 # negative-index wraparound check stays in their body).
-@njit(inline="always", **_OPTIONS)
+@_inline
 def _exp(a: np.ndarray, bits: np.ndarray, surface: bool) -> None:
     """a[:] = exp(a), float32 with unit stride, in place; ``bits`` int32 scratch at least as long. With
     ``surface`` (a constant: LLVM drops the other branch) NaN and +-inf inputs give NaN."""

@@ -31,6 +31,7 @@ import ctypes
 import importlib.metadata
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,9 +46,12 @@ _INT_MAX = 2**31 - 1  # MKL's LP64 interface: 32-bit sizes and strides
 _F32 = np.dtype(np.float32)
 _INTEL = "GenuineIntel"
 
+# an MKL function through ctypes: its argtypes convert and check the arguments, its restype is None
+_CBlas = Callable[..., None]
+
 _lock = threading.Lock()
 # (engine name, cblas_sgemm or None, cblas_sgemm_batch_strided or None)
-_loaded: tuple[str, ctypes._CFuncPtr | None, ctypes._CFuncPtr | None] | None = None
+_loaded: tuple[str, _CBlas | None, _CBlas | None] | None = None
 
 
 class GemmEngineError(RuntimeError):
@@ -66,7 +70,7 @@ def _mkl_library() -> str | None:
     return None
 
 
-def _load_mkl(path: str) -> tuple[str, ctypes._CFuncPtr, ctypes._CFuncPtr]:
+def _load_mkl(path: str) -> tuple[str, _CBlas, _CBlas]:
     lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     # Both settings must come before MKL computes anything in this process.
     lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
@@ -104,7 +108,7 @@ def _numpy_blas() -> str:
     return f"numpy ({' '.join(w for w in words if w)})"
 
 
-def _load() -> tuple[str, ctypes._CFuncPtr | None, ctypes._CFuncPtr | None]:
+def _load() -> tuple[str, _CBlas | None, _CBlas | None]:
     global _loaded
     with _lock:
         if _loaded is None:
@@ -188,7 +192,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fa, fb = _operand(a), _operand(b)
         if fa is not None and fb is not None:
             flags = fa, fb
-    if flags is None:
+    if sgemm is None or flags is None:
         np.matmul(a, b, out=out)
         return
     (ta, lda), (tb, ldb) = flags
@@ -226,7 +230,7 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         disjoint = so is not None and so >= footprint  # the output matrices must not overlap
         if fa is not None and fb is not None and sa is not None and sb is not None and disjoint:
             flags = fa, fb, sa, sb, so
-    if flags is None:
+    if batch is None or flags is None:
         np.matmul(a, b, out=out)
         return
     (ta, lda), (tb, ldb), sa, sb, so = flags

@@ -161,7 +161,7 @@ def _jit_reduction(fn: Callable[..., Any]) -> Any:
 
 
 @_jit_reduction
-def _dot(a: np.ndarray, r: int, aoff: int, b: np.ndarray, c: int, boff: int, w: int) -> float:
+def _dot(a: np.ndarray, r: int, aoff: int, b: np.ndarray, c: int, boff: int, w: int) -> np.float32:
     """sum(a[r, aoff:aoff + w] * b[c, boff:boff + w]).
 
     Why ``reassoc`` here (and only here): explicit lane accumulators in an array went through memory,

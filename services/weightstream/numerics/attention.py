@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -133,7 +133,9 @@ def _heads(a: np.ndarray, row0: int, hg: int, d: int, cols: slice) -> np.ndarray
     return v
 
 
-def _keep_scale(keep: np.ndarray | None, rate: float, shape: tuple[int, ...], dt: np.dtype) -> np.generic:
+def _keep_scale(
+    keep: np.ndarray | None, rate: float, shape: tuple[int, ...], dt: np.dtype[np.floating[Any]]
+) -> np.floating[Any]:
     """1 / (1 - rate), after checking that ``keep`` fits the probabilities ``shape`` [B, H, T, T]."""
     if keep is None:
         return dt.type(1.0)

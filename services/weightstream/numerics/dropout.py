@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def dropout_mask(site: str, shape: tuple[int, ...], rate: float) -> np.ndarray |
     return mask
 
 
-def _scale(rate: float, dtype: np.dtype) -> np.generic:
+def _scale(rate: float, dtype: np.dtype[np.floating[Any]]) -> np.floating[Any]:
     _check_rate(rate)
     return dtype.type(1.0 / (1.0 - rate))
 

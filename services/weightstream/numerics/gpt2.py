@@ -40,7 +40,7 @@ from weightstream.numerics.layers import (
     linear_backward,
     linear_forward,
 )
-from weightstream.numerics.model import ModelDef, Params, ParamSpec, weight_spec
+from weightstream.numerics.model import ModelDef, Params, ParamSpec, Unit, weight_spec
 from weightstream.numerics.sparse import matmul_any, weight_grad
 
 __all__ = ["GPT2Config", "build_gpt2"]
@@ -317,7 +317,7 @@ def build_gpt2(cfg: GPT2Config) -> ModelDef:
     ]
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))
-    units = (
+    units: tuple[Unit, ...] = (
         EmbeddingUnit(cfg.embedding_dropout_rate),
         *(
             BlockUnit(

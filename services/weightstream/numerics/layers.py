@@ -15,6 +15,7 @@ Notation: B batch, T sequence, C hidden (``n_embd``), H heads, D = C // H, F fil
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -177,7 +178,7 @@ def layer_norm_backward(
         np.einsum("nc,nc->c", dy2[:, s], xhat[:, s], out=dgamma[s])
         np.add.reduce(dy2[:, s], axis=0, out=dbeta[s])
 
-    run_tasks([lambda s=s: columns(s) for s in (slice(0, c // 2), slice(c // 2, c))])
+    run_tasks([partial(columns, s) for s in (slice(0, c // 2), slice(c // 2, c))])
 
     def rows(s: slice) -> None:
         # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma
@@ -300,12 +301,13 @@ def gelu_backward_sum(
     sums = np.empty(dy2.shape[1], dtype=dy2.dtype)
     # sum_rows's column parts (columns are summed independently, so any split gives the same bits)
     parts = product_parts(dy2.shape[1])
-    run_tasks([lambda s=s: multiply_sum_columns(dy2, d2, dx, sums, s.start, s.stop) for s in parts])
+    run_tasks([partial(multiply_sum_columns, dy2, d2, dx, sums, s.start, s.stop) for s in parts])
     return dx.reshape(dy.shape), sums
 
 
 def relu_forward(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0)
+    y: np.ndarray = np.maximum(x, 0)
+    return y
 
 
 def relu_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:

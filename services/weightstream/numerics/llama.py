@@ -34,7 +34,7 @@ from weightstream.numerics.llama_layers import (
     swiglu_backward,
     swiglu_forward,
 )
-from weightstream.numerics.model import ModelDef, Params, ParamSpec, weight_spec
+from weightstream.numerics.model import ModelDef, Params, ParamSpec, Unit, weight_spec
 from weightstream.numerics.rope_scaling import RopeScaling
 from weightstream.numerics.sparse import SparseWeight, matmul_any, weight_grad
 
@@ -343,7 +343,7 @@ def build_llama(cfg: LlamaConfig) -> ModelDef:
     specs.append(ParamSpec(NORM, (c,), "ones"))
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec(LM_HEAD, (cfg.vocab_size, c), "normal", std))
-    units = (
+    units: tuple[Unit, ...] = (
         EmbeddingUnit(cfg.max_position_embeddings),
         *(DecoderLayerUnit(i, cfg) for i in range(cfg.num_layers)),
         HeadUnit(cfg.rms_norm_eps, cfg.tie_word_embeddings),

@@ -20,7 +20,7 @@ Notation: N tokens, C hidden, H heads, KV key/value heads, D = C // H, F the MLP
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -132,7 +132,7 @@ def rms_norm_backward(
     def columns(s: slice) -> None:
         np.einsum("nc,nc->c", dy2[:, s], xhat[:, s], out=dweight[s])
 
-    run_tasks([lambda s=s: columns(s) for s in (slice(0, c // 2), slice(c // 2, c))])
+    run_tasks([partial(columns, s) for s in (slice(0, c // 2), slice(c // 2, c))])
 
     def rows(s: slice) -> None:
         g = np.multiply(dy2[s], weight, out=dx[s])
@@ -276,7 +276,7 @@ def reduce_kv_t(d_t: np.ndarray, n_rep: int, head_dim: int, out: np.ndarray | No
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + e^-x) as 0.5 + 0.5 tanh(x / 2): the same number, and no overflow warning for x << 0."""
     dt = x.dtype.type
-    s = x * dt(0.5)
+    s: np.ndarray = x * dt(0.5)
     np.tanh(s, out=s)
     s *= dt(0.5)
     s += dt(0.5)

@@ -56,8 +56,12 @@ class ParamSpec:
 class Unit(Protocol):
     """A streamable piece of a model. ``param_names`` are global names, in a fixed order."""
 
-    name: str
-    param_names: tuple[str, ...]
+    # read-only: a unit's own (a class attribute or set once in __init__), never set through a Unit
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def param_names(self) -> tuple[str, ...]: ...
 
     def forward(self, params: Params, x: np.ndarray) -> tuple[np.ndarray, Any]: ...
 

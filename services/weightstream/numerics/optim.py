@@ -153,7 +153,9 @@ class SchedulePiece:
             if t >= self.total_iters:
                 return self.end_learning_rate
             diff = self.initial_learning_rate - self.end_learning_rate
-            return (1.0 - t / self.total_iters) ** self.power * diff + self.end_learning_rate
+            # a float: the base is in (0, 1] here (a negative one would give a complex power)
+            decay: float = (1.0 - t / self.total_iters) ** self.power
+            return decay * diff + self.end_learning_rate
         frac = min(t, self.total_iters) / self.total_iters
         lo, hi = self.end_learning_rate, self.initial_learning_rate
         if self.scheduler == "Linear":
@@ -257,13 +259,13 @@ def optimizer_step(
             dt(cfg.eps),
             dt(-lr / (1.0 - b1**step)),
         )
-        flats = (flat_p, flat_g, m, v)
         half, second = 0, None
         if helper is not None and flat_p.size >= SPLIT_UPDATE:  # the kernel releases the GIL: two cores
             half = flat_p.size // 2
-            second = helper.submit(adam_fused, *(a[half:] for a in flats), *scalars)
+            second = helper.submit(adam_fused, flat_p[half:], flat_g[half:], m[half:], v[half:], *scalars)
         try:
-            adam_fused(*(a[: half or None] for a in flats), *scalars)
+            end = half or None
+            adam_fused(flat_p[:end], flat_g[:end], m[:end], v[:end], *scalars)
         finally:  # never return while the helper still writes
             if second is not None:
                 second.result()

@@ -113,7 +113,11 @@ def make_rope_scaling(
         )
     if not _positive(factor):
         raise ValueError(f"RoPE scaling factor must be a positive number, got {factor!r}")
-    scaling = RopeScaling(kind, float(factor), **extra)  # type: ignore[arg-type]
+    scaling = RopeScaling(
+        kind,  # type: ignore[arg-type]  # any str: RopeScaling's __post_init__ refuses other kinds
+        float(factor),
+        **extra,
+    )
     return None if kind == "linear" and scaling.factor == 1.0 else scaling
 
 

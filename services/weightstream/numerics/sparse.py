@@ -39,7 +39,7 @@ tiles, so the worker keeps one thread pool (numba's own pool is never started).
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from types import ModuleType
 
 import numpy as np
@@ -256,11 +256,9 @@ def _spmm(
     )
     tile = _spmm_tile(x.shape[1])
     if m:
+        K = _kernels()
         run_tasks(
-            [
-                lambda t=t: _kernels().spmm_tiles(ptr, idx, val, xk, x_t, ok, out_t, b, tile, *t)
-                for t in _tasks(m, tile)
-            ]
+            [partial(K.spmm_tiles, ptr, idx, val, xk, x_t, ok, out_t, b, tile, *t) for t in _tasks(m, tile)]
         )
     if copy_back:
         out[...] = ok
@@ -299,11 +297,11 @@ def sampled_matmul(a: np.ndarray, b: np.ndarray, w: SparseWeight) -> np.ndarray:
     if m:
         run_tasks(
             [
-                lambda i=i, t=t: K.sddmm_tiles(s.indptr, s.indices, ak, a_t, bk, b_t, outs[i], *t)
+                partial(K.sddmm_tiles, s.indptr, s.indices, ak, a_t, bk, b_t, outs[i], *t)
                 for i, t in enumerate(parts)
             ]
         )
-    out = outs[0]
+    out: np.ndarray = outs[0]
     for extra in outs[1:]:
         out += extra
     return out
@@ -317,7 +315,8 @@ def weight_grad(a: np.ndarray, b: np.ndarray, w: np.ndarray | SparseWeight) -> n
         return matmul(a.T, b)
     if use_sparse_kernels(w.shape, w.density):
         return sampled_matmul(a, b, w)
-    return matmul(a.T, b).reshape(-1)[w.positions]
+    kept: np.ndarray = matmul(a.T, b).reshape(-1)[w.positions]
+    return kept
 
 
 def matmul_any(
@@ -330,27 +329,32 @@ def matmul_any(
     (+ bias: [N] per column or [M, 1] per row) -> out [M, N]. A weight the rule sends dense is densified
     (cached) and multiplied by ``_blocked.matmul``; a sparse left operand is computed as
     out.T = b.T @ a.T, written through out.T."""
-    a_sparse, b_sparse = (
-        isinstance(a, SparseWeight | SparseWeightT),
-        isinstance(b, SparseWeight | SparseWeightT),
-    )
-    if a_sparse and b_sparse:
-        raise TypeError("matmul_any: at most one operand may be sparse")
-    w = a if a_sparse else b
-    if not (a_sparse or b_sparse) or not use_sparse_kernels(w.shape, w.density):
-        return matmul(a.dense() if a_sparse else a, b.dense() if b_sparse else b, out=out, bias=bias)
-    m, n = a.shape[0], b.shape[1]
+    row_bias = bias if bias is not None and bias.ndim == 2 else None
+    column_bias = bias if bias is not None and bias.ndim != 2 else None
+    if isinstance(b, SparseWeight | SparseWeightT):
+        if isinstance(a, SparseWeight | SparseWeightT):
+            raise TypeError("matmul_any: at most one operand may be sparse")
+        if not use_sparse_kernels(b.shape, b.density):
+            return matmul(a, b.dense(), out=out, bias=bias)
+        out = _sparse_out(a, b, out)
+        # bias per output column rides in the kernel; per row is added after
+        sparse_matmul(a, b, out=out, bias=column_bias)
+        if row_bias is not None:
+            out += row_bias
+        return out
+    if not isinstance(a, SparseWeight | SparseWeightT):
+        return matmul(a, b, out=out, bias=bias)
+    if not use_sparse_kernels(a.shape, a.density):
+        return matmul(a.dense(), b, out=out, bias=bias)
+    out = _sparse_out(a, b, out)
+    sparse_matmul(b.T, a.T, out=out.T, bias=None if row_bias is None else row_bias[:, 0])  # out.T [N, M]
+    if column_bias is not None:
+        out += column_bias
+    return out
+
+
+def _sparse_out(a: np.ndarray | AnySparse, b: np.ndarray | AnySparse, out: np.ndarray | None) -> np.ndarray:
+    """``out`` of a [M, K] @ b [K, N] (new float32 [M, N] where None), after checking the shapes agree."""
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul_any: a is {a.shape}, b is {b.shape}")
-    if out is None:
-        out = np.empty((m, n), np.float32)
-    row_bias = bias is not None and bias.ndim == 2
-    if b_sparse:  # bias per output column rides in the kernel; per row is added after
-        sparse_matmul(a, b, out=out, bias=None if row_bias else bias)
-        if row_bias:
-            out += bias
-        return out
-    sparse_matmul(b.T, a.T, out=out.T, bias=bias[:, 0] if row_bias else None)  # out.T [N, M]
-    if bias is not None and not row_bias:
-        out += bias
-    return out
+    return np.empty((a.shape[0], b.shape[1]), np.float32) if out is None else out

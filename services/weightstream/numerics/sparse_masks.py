@@ -21,7 +21,7 @@ import math
 import zlib
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from weightstream.numerics.sparsity_schedule import LevelSchedule, UpdateSchedul
 __all__ = ["INIT_METHODS", "InitMethod", "SparsitySpec", "kept_count", "kept_entries", "make_positions"]
 
 InitMethod = Literal["random", "topk", "balanced-topk", "checkerboard"]
-INIT_METHODS: tuple[str, ...] = InitMethod.__args__  # type: ignore[attr-defined]
+INIT_METHODS: tuple[str, ...] = get_args(InitMethod)  # the Literal's values, in order
 _MASK_STREAM = 0x6D61736B  # "mask": keeps the random method's stream apart from the weights' own
 
 

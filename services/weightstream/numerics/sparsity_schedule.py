@@ -20,14 +20,15 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["LEVEL_KINDS", "LevelKind", "LevelSchedule", "UpdateSchedule", "gmp_kept", "largest_positions"]
 
 LevelKind = Literal["linear", "exp", "power", "cosine"]
-LEVEL_KINDS: tuple[str, ...] = LevelKind.__args__  # type: ignore[attr-defined]
+LEVEL_KINDS: tuple[str, ...] = get_args(LevelKind)  # the Literal's values, in order
 _F32 = np.float32
 
 
@@ -55,12 +56,14 @@ class LevelSchedule:
     def at(self, step: int) -> np.float32:
         """The level at ``step``, float32, clamped to [0, 1] (the float32 arithmetic of cerebras.pytorch's
         ``Linear``/``Exp``/``Power``/``Cosine``, whose tensors are float32 and whose step is converted)."""
-        return self.levels(np.array([step], dtype=np.int64))[0]
+        level: np.float32 = self.levels(np.array([step], dtype=np.int64))[0]
+        return level
 
-    def levels(self, steps: np.ndarray) -> np.ndarray:
+    def levels(self, steps: np.ndarray) -> npt.NDArray[np.float32]:
         """``at`` of every one of ``steps`` (int64), as float32: one code path for one step and many, so
         validation (every update step of a run) sees exactly the levels training will."""
         s = steps.astype(_F32)
+        v: npt.NDArray[np.float32]
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             # exp, pow and cos in float64 rounded to float32: as close to torch's float32 ones as numpy gets
             # (numpy's own float32 SIMD loops are up to 2 ulp off them, and may differ between CPUs)
@@ -125,7 +128,7 @@ class UpdateSchedule:
         return end - (end - self.start) % self.freq
 
 
-def gmp_kept(numel: int, level: np.float32) -> int:
+def gmp_kept(numel: int, level: float | np.float32) -> int:
     """Entries kept of ``numel`` at ``level``: ``int((1 - level) * numel)`` in float32, as
     ``make_mask_topk_sparsity`` counts them."""
     return int((_F32(1.0) - _F32(level)) * _F32(numel))

@@ -298,12 +298,12 @@ def _unsupported(raw: dict[str, Any]) -> list[Problem]:
 
 def _user_loc(loc: Any) -> list[Any]:
     """pydantic's error location as the user's key path: the model union's tag is not a key they wrote."""
-    loc = list(loc)
-    if len(loc) >= 2 and loc[0] == "model" and loc[1] in _MODELS:
-        del loc[1]
-    if loc[:1] == ["sparsity"]:  # the level's form: a tag of the union, not a key
-        loc = [part for part in loc if part not in LEVEL_TAGS]
-    return loc
+    parts = list(loc)
+    if len(parts) >= 2 and parts[0] == "model" and parts[1] in _MODELS:
+        del parts[1]
+    if parts[:1] == ["sparsity"]:  # the level's form: a tag of the union, not a key
+        parts = [part for part in parts if part not in LEVEL_TAGS]
+    return parts
 
 
 def _path(loc: list[Any]) -> str:
@@ -336,7 +336,7 @@ def _section_class(loc: list[Any], raw: dict[str, Any]) -> type[BaseModel] | Non
         return InputParams
     if loc == ["model"]:
         name = raw.get("model", {}).get("name") if isinstance(raw.get("model"), dict) else None
-        return _MODELS.get(name)  # type: ignore[arg-type]
+        return _MODELS.get(name) if isinstance(name, str) else None
     if loc == ["optimizer"]:
         return OptimizerParams
     if loc[:2] == ["optimizer", "learning_rate"] and len(loc) == 3:

@@ -139,10 +139,13 @@ class ExtraAttentionParams(Section):
     num_kv_groups: PositiveInt = Field(description="key/value heads of grouped-query attention")
 
 
-LlamaNoDropout = only_zero(
-    "must be 0.0 for llama: weightstream implements attention dropout for gpt2/gpt3 only "
-    "(Hugging Face's LlamaForCausalLM attention_dropout is not implemented)"
-)
+LlamaNoDropout = Annotated[
+    float,
+    only_zero(
+        "must be 0.0 for llama: weightstream implements attention dropout for gpt2/gpt3 only "
+        "(Hugging Face's LlamaForCausalLM attention_dropout is not implemented)"
+    ),
+]
 
 
 class LlamaModelParams(_LanguageModelParams):

@@ -7,7 +7,7 @@ path of the key a user has to change.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     ByteSize,
@@ -54,7 +54,7 @@ DataProcessor = Literal[
     "SyntheticDataProcessor",
     "DigitsDataProcessor",
 ]
-DATA_PROCESSORS: tuple[str, ...] = DataProcessor.__args__  # type: ignore[attr-defined]
+DATA_PROCESSORS: tuple[str, ...] = get_args(DataProcessor)  # the Literal's values, in order
 
 
 class MixtureParams(Section):

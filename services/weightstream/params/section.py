@@ -19,18 +19,19 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def only_zero(message: str) -> Any:
-    """A float that must be 0.0 (a rate weightstream does not implement), else ``message``."""
+def only_zero(message: str) -> AfterValidator:
+    """The check of a float that must be 0.0 (a rate weightstream does not implement), else ``message``:
+    ``Annotated[float, only_zero(message)]``."""
 
     def check(v: float) -> float:
         if v != 0.0:
             raise ValueError(message)
         return v
 
-    return Annotated[float, AfterValidator(check)]
+    return AfterValidator(check)
 
 
-ZeroDropout = only_zero("weightstream supports only 0.0 (dropout is not implemented)")
+ZeroDropout = Annotated[float, only_zero("weightstream supports only 0.0 (dropout is not implemented)")]
 
 
 def _half_type(v: Any) -> Any:

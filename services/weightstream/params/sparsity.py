@@ -16,7 +16,7 @@ import functools
 import math
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse_masks import SparsitySpec, kept_entries
@@ -24,7 +24,7 @@ from weightstream.numerics.sparsity_schedule import LevelSchedule, UpdateSchedul
 from weightstream.params.errors import Problem
 from weightstream.params.modelzoo_names import fused_why, modelzoo_names
 from weightstream.params.schema import Params
-from weightstream.params.sparsity_schema import LevelScheduleParams, SparsityParams
+from weightstream.params.sparsity_schema import LevelScheduleParams, ScheduleParams, SparsityParams
 
 __all__ = [
     "SPARSE_FAMILIES",
@@ -142,20 +142,22 @@ def _resolve(p: Params, model: ModelDef) -> _Resolved:
             selection.append((glob, selected))
             chosen += [n for n in selected if n not in chosen]  # biases and norms a glob also hits: dense
     specs: dict[str, SparsitySpec] = {}
-    levels: dict[str, float | LevelScheduleParams]
-    if not isinstance(sp.sparsity, dict):
-        levels = dict.fromkeys(chosen, sp.sparsity)
+    # validated: a float or a schedule (no _RefusedLevel: its validator always raises), or those per glob
+    given = cast("float | ScheduleParams | dict[str, float | ScheduleParams]", sp.sparsity)
+    levels: dict[str, float | ScheduleParams]
+    if not isinstance(given, dict):
+        levels = dict.fromkeys(chosen, given)
     else:
         levels = {}
-        for glob, level in sp.sparsity.items():
+        for glob, written in given.items():
             path = f"sparsity.sparsity[{glob!r}]"
             hits = _glob_hits(path, glob, chosen, mz, eligible)
             if hits.partial is not None:
                 problems.append(hits.partial)
             elif not hits.tensors:
-                problems.append(Problem(path, "matches no tensor param_filter selects", level))
+                problems.append(Problem(path, "matches no tensor param_filter selects", written))
             for n in hits.tensors:
-                levels.setdefault(n, level)  # the first glob that matches wins
+                levels.setdefault(n, written)  # the first glob that matches wins
     dynamic: dict[int, SparsitySpec] = {}  # one spec (and one check) per level schedule the file writes
     for n in model.specs:  # the model's tensor order
         level = levels.get(n)
@@ -184,10 +186,10 @@ def _nan_step(schedule: LevelSchedule | None, update: UpdateSchedule | None, max
     return None
 
 
-def _dynamic_spec(level: LevelScheduleParams, sp: SparsityParams, seed: int) -> SparsitySpec:
+def _dynamic_spec(level: ScheduleParams, sp: SparsityParams, seed: int) -> SparsitySpec:
     """gmp: the level schedule and the update steps (default: after every step, and at the start, so the
     run starts sparse at the schedule's level at step 0; with a later start it starts dense)."""
-    schedule = LevelSchedule(level.type, **level.model_dump(exclude={"type"}))  # type: ignore[arg-type]
+    schedule = LevelSchedule(level.type, **level.model_dump(exclude={"type"}))
     u = sp.update
     update = (
         UpdateSchedule()

@@ -31,6 +31,7 @@ __all__ = [
     "LevelScheduleParams",
     "LinearLevel",
     "PowerLevel",
+    "ScheduleParams",
     "SparsityParams",
     "UpdateParams",
 ]
@@ -116,6 +117,9 @@ def _type_tag(v: Any) -> str:
     kind = v.type if isinstance(v, LevelScheduleParams) else str(v.get("type", "")).lower()
     return kind if kind in LEVEL_TYPES else "refused"
 
+
+# the level schedules a validated section holds: a _RefusedLevel never validates (its validator raises)
+ScheduleParams = LinearLevel | ExpLevel | PowerLevel | CosineLevel
 
 AnyLevelSchedule = Annotated[
     Annotated[LinearLevel, Tag("linear")]

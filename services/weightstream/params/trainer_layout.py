@@ -183,9 +183,8 @@ def _milestones(t: Translation, given: Any, pieces: list[dict[str, Any]], at: st
     """ModelZoo derives SequentialLR's milestones from the pieces' total_iters and refuses others: each
     piece starts where the one before ends."""
     iters = [p.get("total_iters", p.get("steps", p.get("decay_steps"))) for p in pieces[:-1]]
-    expected = (
-        [sum(iters[: i + 1]) for i in range(len(iters))] if all(isinstance(n, int) for n in iters) else None
-    )
+    ints = [n for n in iters if isinstance(n, int)]
+    expected = [sum(ints[: i + 1]) for i in range(len(ints))] if len(ints) == len(iters) else None
     if expected is not None and given != expected:
         t.problems.append(
             Problem(

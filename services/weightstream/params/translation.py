@@ -6,7 +6,7 @@ its callbacks and loggers; both write through a ``Translation``, so neither need
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ class Translation:
     def report(self, written: str, value: Any, note: str) -> None:
         self.uses.append(KeyUse(written, value, "not applicable", note))
 
-    def unknown(self, written: str, key: str, known: list[str]) -> None:
+    def unknown(self, written: str, key: str, known: Sequence[str]) -> None:
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         self.problems.append(Problem(written, f"is not a known key{hint} allowed here: {', '.join(known)}"))

@@ -63,7 +63,8 @@ def time_update(params: Params, repeats: int = 3, max_params: int = 20_000_000) 
     ``max_params`` of the model's parameters are timed (the rate is per parameter; elementwise work)."""
     model = model_def(params)
     opt = optimizer_config(params.optimizer)
-    names, total = [], 0
+    names: list[str] = []
+    total = 0
     for name, spec in model.specs.items():
         if total + spec.numel > max_params and names:
             break

@@ -15,6 +15,7 @@ end, as the weights are by the worker.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +35,11 @@ _CLOSED = "this SwarmX node was closed (its role is stopping or was reconfigured
 class Upstream(Protocol):
     # whether gradients in shared memory may go up as a header alone (``relay_grads``), and what reads
     # what the upstream hands down (a data plane, transport/plane.py; opaque here)
-    shares_memory: bool
-    reader: Any
+    @property
+    def shares_memory(self) -> bool: ...
+
+    @property
+    def reader(self) -> Any: ...
 
     def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterable[Unit]: ...
 
@@ -67,11 +71,15 @@ class _Flight:
             self.done, self.error = True, error
             self.cond.notify_all()
 
+    def _arrived(self, i: int) -> bool:
+        """Whether item ``i`` is here or none will come (called holding ``cond``)."""
+        return i < len(self.items) or self.done
+
     def read(self, what: str, timeout_s: float) -> Iterator[Unit]:
         i = 0
         while True:
             with self.cond:
-                if not self.cond.wait_for(lambda i=i: i < len(self.items) or self.done, timeout_s):
+                if not self.cond.wait_for(functools.partial(self._arrived, i), timeout_s):
                     raise TimeoutError(f"{what}: nothing more received after {timeout_s}s")
                 if i >= len(self.items):
                     if self.error is not None:

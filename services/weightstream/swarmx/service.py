@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ from weightstream.numerics import ModelDef
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost, shm_tag
 from weightstream.swarmx.node import SwarmNodeLogic, Tensors
 from weightstream.transport.bulk import host_of_address
@@ -26,18 +28,16 @@ from weightstream.transport.plane import (
 )
 from weightstream.transport.rpc import (
     abort_on_error,
-    add_service,
     call,
     open_channel,
     push_header,
     push_tensors,
     receive_tensors,
     stream,
-    tensor_push,
     tensors_in_client,
-    tensors_out,
     tensors_out_client,
 )
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES
 from weightstream.transport.tensors import references_only
 
@@ -90,7 +90,7 @@ class MemoryXUpstream:
             return
         queues: list[queue.SimpleQueue[bytes | BaseException | None]] = [queue.SimpleQueue() for _ in groups]
         for q, (shard, shard_names) in zip(queues, groups, strict=True):
-            self._pool.submit(_drain, q, lambda s=shard, n=shard_names: self._fetch(step, s, n))
+            self._pool.submit(_drain, q, functools.partial(self._fetch, step, shard, shard_names))
         for (shard, _), q in zip(groups, queues, strict=True):
             while (item := _next(q, self.timeout_s, f"memoryx-{shard}")) is not None:
                 yield item
@@ -269,8 +269,9 @@ def build(job: JobSpec) -> SwarmNodeLogic:
     return SwarmNodeLogic(len(node.children), upstream, timeout, children, bf16)
 
 
-class SwarmXServicer:
-    """Only translates messages; ``SwarmNodeLogic`` does the work."""
+class SwarmXServicer(rpc.SwarmXServicer):
+    """Only translates messages; ``SwarmNodeLogic`` does the work. Tensor streams are raw bytes
+    (``register_servicer``)."""
 
     def __init__(self, host: RoleHost) -> None:
         self.host = host
@@ -308,14 +309,10 @@ class SwarmXServicer:
             context, request_iterator, lambda h, g: node.push_grads(h.step, h.unit, h.sender, g), child
         )
 
+    def PushGradientsOne(self, request: bytes, context: grpc.ServicerContext) -> pb.Ack:
+        """A push that is one message (``transport.rpc.TensorPush``), read as a stream of one."""
+        return self.PushGradients(iter((request,)), context)
+
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    s = SwarmXServicer(host)
-    add_service(
-        server,
-        "SwarmX",
-        {
-            "GetUnit": tensors_out(s.GetUnit, pb.UnitRequest),
-            **tensor_push("PushGradients", s.PushGradients, pb.Ack),
-        },
-    )
+    register_servicer(rpc.add_SwarmXServicer_to_server, SwarmXServicer(host), server)

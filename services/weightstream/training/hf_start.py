@@ -25,7 +25,7 @@ from weightstream.training.checkpoints import hf_config
 __all__ = ["check_start_checkpoint"]
 
 # transformers' defaults for what a config.json may leave out (GPT2Config, LlamaConfig)
-_GPT2 = {
+_GPT2: dict[str, Any] = {
     "vocab_size": 50257,
     "n_positions": 1024,
     "n_embd": 768,
@@ -39,7 +39,7 @@ _GPT2 = {
     "scale_attn_by_inverse_layer_idx": False,
     "reorder_and_upcast_attn": False,
 }
-_LLAMA = {
+_LLAMA: dict[str, Any] = {
     "vocab_size": 32000,
     "hidden_size": 4096,
     "intermediate_size": 11008,

@@ -2,7 +2,8 @@
 
 One ``RolePlane`` per run. Each (re)configuration opens fresh channels that carry the current generation
 (``transport.fencing``) and closes the previous ones, which cancels whatever calls of the interrupted
-attempt were still waiting.
+attempt were still waiting. The calls of a step go through the typed clients it then makes,
+``memoryx`` and ``workers`` (training/clients.py), over those channels.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from weightstream.backends.base import Backend, RoleSpec
 from weightstream.plan import ROLE_KINDS, JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
+from weightstream.training.clients import MemoryXClient, WorkerClient
 from weightstream.training.errors import JobFailed, RoleFault
 from weightstream.transport.rpc import call, open_channel
 
@@ -54,8 +56,9 @@ class RolePlane:
         self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
         self.addresses: dict[str, list[str]] = {}
         self._generation = 0
-        self.workers: list[Any] = []
-        self.shards: list[Any] = []
+        # the clients of the current configuration (none before the first)
+        self.workers = WorkerClient([], self.all, timeout_s)
+        self.memoryx = MemoryXClient([], self.all, timeout_s)
         self._channels: list[grpc.Channel] = []
         n = sum(plan.counts().values())
         # room for a new attempt's calls while the previous attempt's are being cancelled
@@ -119,17 +122,6 @@ class RolePlane:
                 raise RoleFault(f"{kind}s did not answer within {timeout_s:.0f}s")
         return [f.result() for f in futures]
 
-    def rpc_all(self, kind: str, method: str, request: Any, watch: bool = True) -> list[Any]:
-        """Call ``method`` on every worker or MemoryX shard at once (``request`` may be a function of the
-        index), each call with the job's deadline."""
-        stubs = self.workers if kind == "worker" else self.shards
-
-        def one(i: int) -> Any:
-            req = request(i) if callable(request) else request
-            return call(f"{kind}-{i}", method, getattr(stubs[i], method), req, timeout=self.timeout_s)
-
-        return self.all(kind, one, self.timeout_s, watch)
-
     # -- configuration -------------------------------------------------------------------------------------
     def configure(
         self, addresses: dict[str, list[str]], resume_dir: str | None, keep_state: bool = False
@@ -163,8 +155,10 @@ class RolePlane:
                 )
 
             self.all(kind, configure, self.timeout_s)
-        self.workers = [rpc.WorkerStub(self._channel(a)) for a in addresses["worker"]]
-        self.shards = [rpc.MemoryXStub(self._channel(a)) for a in addresses["memoryx"]]
+        workers = [rpc.WorkerStub(self._channel(a)) for a in addresses["worker"]]
+        self.workers = WorkerClient(workers, self.all, self.timeout_s)
+        shards = [rpc.MemoryXStub(self._channel(a)) for a in addresses["memoryx"]]
+        self.memoryx = MemoryXClient(shards, self.all, self.timeout_s)
         for c in old:  # the interrupted attempt's calls still waiting end now (CANCELLED)
             c.close()
 

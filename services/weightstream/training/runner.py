@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
-from weightstream.proto import weightstream_pb2 as pb
 from weightstream.storage_io import write_text_durably
 from weightstream.training.cadence import Cadence
 from weightstream.training.checkpoints import (
@@ -313,8 +313,7 @@ class JobRunner:
 
     def _evaluate(self, step: int) -> float:
         n = self.rc.eval_steps
-        replies = self.roles.rpc_all("worker", "Evaluate", pb.EvalRequest(step=step, batch=n))
-        eval_loss = sum(r.loss for r in replies) / n
+        eval_loss = sum(self.roles.workers.evaluate(step, n)) / n
         check_finite(step, eval_loss=eval_loss)
         self.log.info("step %d eval_loss %.5f", step, eval_loss)
         self.on_event(EvalEvent(step=step, eval_loss=eval_loss))
@@ -325,8 +324,7 @@ class JobRunner:
         tmp = partial_dir(self.model_dir, step)
         # a recovery snapshot always holds the optimizer state: recovery resumes from it
         weights_only = not snapshot and not self.rc.checkpoint_optimizer_state
-        request = pb.CheckpointRequest(step=step, directory=str(tmp.resolve()), weights_only=weights_only)
-        replies = self.roles.rpc_all("memoryx", "SaveCheckpoint", request)
+        replies = self.roles.memoryx.save_checkpoint(step, str(tmp.resolve()), weights_only)
         files = {
             "model": [(f.name, list(f.tensors)) for r in replies for f in r.model_files],
             "optimizer": [(f.name, list(f.tensors)) for r in replies for f in r.optimizer_files],
@@ -334,7 +332,7 @@ class JobRunner:
         }
         if not files[MASKS]:
             del files[MASKS]
-        state = {
+        state: dict[str, Any] = {
             "num_csx": self.rc.num_csx,
             "num_wgt_servers": self.rc.num_wgt_servers,
             "seed": self.rc.seed,

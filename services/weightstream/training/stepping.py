@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
 
 from weightstream.numerics import OptimizerConfig
 from weightstream.numerics.optim import clip_coefficient
@@ -48,7 +47,8 @@ class StepDriver:
     def __init__(self, roles: RolePlane, opt: OptimizerConfig) -> None:
         self.roles, self.opt = roles, opt
         self._applying: StepRecord | None = None  # the step whose update is in flight
-        self._early: tuple[int, Future[list[Any]]] | None = None  # (step, its RunStep replies to come)
+        # (step, its RunStep replies to come): the RunStep sent ahead, if any
+        self._early: tuple[int, Future[list[pb.RunStepReply]]] | None = None
         self._last_end = 0.0  # when the run committed the previous step (``committed``)
         self.overlapped = 0  # steps whose RunStep overlapped the previous update (for tests, operators)
 
@@ -63,7 +63,7 @@ class StepDriver:
         applying, self._applying, self._early = self._applying, None, None
         return applying
 
-    def _start_workers(self, step: int) -> tuple[float, Future[list[Any]]]:
+    def _start_workers(self, step: int) -> tuple[float, Future[list[pb.RunStepReply]]]:
         """(when the step began, the workers' replies to come): the RunStep sent ahead, if any. A step sent
         ahead begins, in ``step_time_s``, when the run committed the previous one: the overlap counts in
         the previous step, so each step's time lies within its commit-to-commit interval, as without it."""
@@ -72,11 +72,11 @@ class StepDriver:
             self.overlapped += 1
             return self._last_end, early[1]
         t0 = time.monotonic()
-        return t0, self._submit_all("worker", "RunStep", pb.RunStepRequest(step=step))
+        return t0, self._run_step(step)
 
-    def _submit_all(self, kind: str, method: str, request: Any) -> Future[list[Any]]:
-        """``rpc_all`` in the background: the calls of a step that overlap another's (module doc)."""
-        return self.roles.submit(lambda: self.roles.rpc_all(kind, method, request))
+    def _run_step(self, step: int) -> Future[list[pb.RunStepReply]]:
+        """RunStep(``step``) on every worker, in the background: the calls of a step overlap (module doc)."""
+        return self.roles.submit(lambda: self.roles.workers.run_step(step))
 
     def step(self, step: int, next_is_step: bool) -> StepRecord:
         """Train step ``step`` (0-based) through its update; returns its record. With
@@ -85,12 +85,12 @@ class StepDriver:
         t0, running = self._start_workers(step)
         # the shards are at ``step`` (its predecessor's update has returned): each answers once its
         # gradients are in. A fault meanwhile fails this call with the configuration that made it
-        norms = self._submit_all("memoryx", "GradNormSq", pb.StepRequest(step=step))
+        norms = self.roles.submit(lambda: self.roles.memoryx.grad_norm_sq(step))
         replies = running.result()
         if next_is_step:  # the workers wait at the shards for step + 1's weights (see the module's doc)
-            self._early = (step + 1, self._submit_all("worker", "RunStep", pb.RunStepRequest(step=step + 1)))
+            self._early = (step + 1, self._run_step(step + 1))
         t_update = time.monotonic()
-        sq = [r.sq_sum for r in norms.result()]
+        sq = norms.result()
         norm, coef = clip_coefficient(sq, self.opt.max_gradient_norm)
         loss = sum(r.loss for r in replies)
         check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
@@ -110,8 +110,7 @@ class StepDriver:
         )
         self._applying = record
         # only the shards take part from here: a worker lost now is replaced before the next step
-        update = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=coef)
-        self.roles.rpc_all("memoryx", "ApplyUpdate", update, watch=False)
+        self.roles.memoryx.apply_update(step, lr, coef, watch=False)
         self._applying = None
         t1 = time.monotonic()
         return replace(record, step_time_s=t1 - t0, update_s=t1 - t_update)  # update: norm and optimizer

@@ -68,7 +68,7 @@ def _refuse(request: Any, context: grpc.ServicerContext) -> Any:
     )
 
 
-def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _refusing(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same shape as ``handler`` that refuses the call. No request deserializer: the
     refused bytes are never parsed."""
     if handler.request_streaming and handler.response_streaming:
@@ -90,9 +90,9 @@ class RoleAuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         if handler is None or handler_call_details.method == HEALTH_METHOD:
             return handler  # unknown methods get gRPC's own UNIMPLEMENTED; Health guards itself
@@ -101,8 +101,10 @@ class RoleAuthInterceptor(grpc.ServerInterceptor):
         return _refusing(handler)
 
 
-class _ClientCallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    def __init__(self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
+class _ClientCallDetails(grpc.ClientCallDetails):
+    def __init__(
+        self, details: grpc.ClientCallDetails, metadata: tuple[tuple[str, str | bytes], ...]
+    ) -> None:
         self.method, self.timeout, self.credentials = details.method, details.timeout, details.credentials
         self.wait_for_ready, self.compression = details.wait_for_ready, details.compression
         self.metadata = metadata
@@ -121,7 +123,7 @@ class TokenMetadata(
         self._pairs = [(TOKEN_METADATA, token), *extra]
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return _ClientCallDetails(details, [*(details.metadata or ()), *self._pairs])
+        return _ClientCallDetails(details, (*(details.metadata or ()), *self._pairs))
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)

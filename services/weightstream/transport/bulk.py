@@ -186,7 +186,7 @@ def _send_filling(conn: socket.socket, entry: Filling) -> None:
         if filled == sent and error is not None:
             # the relay's own fetch failed: the reader must not take a torn payload for a whole one
             raise ConnectionError(error)
-        conn.sendall(memoryview(entry.buf)[sent:filled])
+        conn.sendall(entry.buf.data[sent:filled])
         sent = filled
 
 
@@ -277,7 +277,7 @@ class BulkFetcher:
         """Transfer ``key`` into ``into`` piece by piece, each piece servable as soon as it is in (a
         relay's cut-through). On failure ``into`` fails too: its readers see their fetch fail."""
         try:
-            self._transfer(host, port, key, memoryview(into.buf), timeout_s, into.advance)
+            self._transfer(host, port, key, into.buf.data, timeout_s, into.advance)
         except BaseException as e:
             into.fail(f"the relay's fetch from {host}:{port} failed: {e}")
             raise

@@ -109,7 +109,10 @@ def ask_peer(address: str, token: str) -> pb.HealthReply:
     """The peer's Health reply (host identity and probe location, given to callers with ``token``)."""
     channel = open_channel(address, token)
     try:
-        return call(address, "Health", rpc.ControlStub(channel).Health, pb.Empty(), timeout=PROBE_TIMEOUT_S)
+        reply: pb.HealthReply = call(
+            address, "Health", rpc.ControlStub(channel).Health, pb.Empty(), timeout=PROBE_TIMEOUT_S
+        )
+        return reply
     finally:
         channel.close()
 

@@ -256,7 +256,7 @@ def relay(messages: Iterable[bytes], peer: str, readers: int) -> Iterator[bytes]
         parked = end.outbox.filling(header.total_bytes, readers)
         if parked is None:  # outbox full: this segment inline, once it has all arrived
             payload = np.empty(header.total_bytes, dtype=np.uint8)
-            end.fetcher.fetch(peer, header.bulk_port, header.bulk_id, memoryview(payload), STALL_S)
+            end.fetcher.fetch(peer, header.bulk_port, header.bulk_id, payload.data, STALL_S)
             yield from inline_segment(header, payload)
             continue
         key, filling = parked

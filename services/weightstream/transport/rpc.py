@@ -24,7 +24,6 @@ __all__ = [
     "SERVER_THREADS",
     "TensorPush",
     "abort_on_error",
-    "add_service",
     "call",
     "create_server",
     "open_channel",
@@ -32,13 +31,8 @@ __all__ = [
     "push_tensors",
     "receive_tensors",
     "stream",
-    "tensor_push",
-    "tensors_in",
     "tensors_in_client",
-    "tensors_in_one",
-    "tensors_out",
     "tensors_out_client",
-    "unary",
 ]
 
 T = TypeVar("T")
@@ -179,57 +173,14 @@ def receive_tensors(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tensor streams travel as raw bytes (see transport/tensors.py), so their methods are registered and
-# called with identity (de)serialisers instead of the generated protobuf ones.
+# Tensor streams travel as raw bytes (see transport/tensors.py), so their methods are called with identity
+# (de)serialisers instead of the generated protobuf ones (and served so: transport/servicers.py).
 # ---------------------------------------------------------------------------------------------------------
 _PACKAGE = "weightstream.v1"
 
 
 def _identity(b: bytes) -> bytes:
     return b
-
-
-def unary(fn: Callable[..., Any], request: Any, response: Any) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
-    )
-
-
-def tensors_out(fn: Callable[..., Any], request: Any) -> grpc.RpcMethodHandler:
-    """A method taking a protobuf request and answering with a tensor stream."""
-    return grpc.unary_stream_rpc_method_handler(
-        fn, request_deserializer=request.FromString, response_serializer=_identity
-    )
-
-
-def tensors_in(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandler:
-    """A method taking a tensor stream and answering with a protobuf message."""
-    return grpc.stream_unary_rpc_method_handler(
-        fn, request_deserializer=_identity, response_serializer=response.SerializeToString
-    )
-
-
-def tensors_in_one(fn: Callable[..., Any], response: Any) -> grpc.RpcMethodHandler:
-    """The unary twin ``<method>One`` of a ``tensors_in`` method: a tensor stream of one message, handed to
-    ``fn`` as a stream of one (``TensorPush`` sends such streams that way)."""
-
-    def one(message: bytes, context: grpc.ServicerContext) -> Any:
-        return fn(iter((message,)), context)
-
-    return grpc.unary_unary_rpc_method_handler(
-        one, request_deserializer=_identity, response_serializer=response.SerializeToString
-    )
-
-
-def tensor_push(method: str, fn: Callable[..., Any], response: Any) -> dict[str, grpc.RpcMethodHandler]:
-    """A push method as ``TensorPush`` calls it: ``method`` (``tensors_in``) with its unary twin
-    ``<method>One`` (``tensors_in_one``), registered together so that no push of one message meets a
-    server without the twin."""
-    return {method: tensors_in(fn, response), method + "One": tensors_in_one(fn, response)}
-
-
-def add_service(server: grpc.Server, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{_PACKAGE}.{service}", methods),))
 
 
 def tensors_out_client(channel: grpc.Channel, service: str, method: str, request: Any) -> Any:

@@ -17,7 +17,7 @@ weights already knows the positions). Decoding checks everything a hostile or br
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from weightstream.transport.errors import ProtocolError
 __all__ = ["INDEX_KINDS", "decode_index", "encode_index", "index_name", "split_index"]
 
 IndexKind = Literal["bitmask", "delta"]
-INDEX_KINDS: tuple[str, ...] = IndexKind.__args__  # type: ignore[attr-defined]
+INDEX_KINDS: tuple[str, ...] = get_args(IndexKind)  # the Literal's values, in order
 _SEP = "::"
 _RUN = 255  # the longest gap one delta byte holds; a 0 byte adds this much and keeps nothing
 

@@ -78,7 +78,7 @@ class Scratch(Protocol):
 
 def checksum(data: memoryview | np.ndarray) -> int:
     """XXH3-64 of the bytes (what TensorHeader.xxh3 holds)."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data if isinstance(data, memoryview) else data.data)
 
 
 def as_bf16(arr: np.ndarray, bf16: bool) -> bool:
@@ -151,7 +151,7 @@ def tensor_messages(
             t.shm_pid, t.shm_fd, t.offset = placed[name]
             continue
         t.offset = offset
-        views.append(memoryview(view))
+        views.append(view.data)
         offset += view.nbytes + _pad(view.nbytes)
     header.total_bytes = offset
     parked = park(_pieces(views)) if park is not None and offset else None
@@ -247,7 +247,7 @@ class _Segment:
         if header.bulk_id:
             if fetch is None:
                 raise ProtocolError("the stream names a bulk transfer, which this reader cannot fetch")
-            fetch(header.bulk_port, header.bulk_id, memoryview(self.buf))
+            fetch(header.bulk_port, header.bulk_id, self.buf.data)
             self.filled = header.total_bytes
 
     def add(self, data: memoryview) -> None:
@@ -308,7 +308,7 @@ def read_messages(
         if n:
             if seg is not None:
                 seg.tensors(out)
-            header = pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n])
+            header = _parse_header(view[_LEN.size : _LEN.size + n])
             if head is None and header.HasField("head"):
                 head = header.head
             seg = _Segment(header, shm_tag, maps, cache, fetch)
@@ -333,12 +333,17 @@ def references_only(messages: list[bytes]) -> tuple[pb.StreamHead, pb.TensorSetH
     (n,) = _LEN.unpack_from(view)
     if n == 0 or len(view) != _LEN.size + n:
         return None
-    header = pb.TensorSetHeader.FromString(view[_LEN.size :])
+    header = _parse_header(view[_LEN.size :])
     if header.total_bytes or any(t.nbytes and not t.shm_pid for t in header.tensors):
         return None
     if not header.HasField("head"):
         raise ProtocolError("a tensor stream pushed to a role must open with a StreamHead")
     return header.head, header
+
+
+def _parse_header(view: memoryview) -> pb.TensorSetHeader:
+    """The header in ``view``, parsed in place: protobuf reads any buffer, though its stubs say bytes."""
+    return pb.TensorSetHeader.FromString(view)  # type: ignore[arg-type]  # parsed without a copy
 
 
 def _opening_header(message: bytes) -> pb.TensorSetHeader | None:
@@ -347,7 +352,7 @@ def _opening_header(message: bytes) -> pb.TensorSetHeader | None:
     if len(view) < _LEN.size:
         raise ProtocolError("truncated message")
     (n,) = _LEN.unpack_from(view)
-    return pb.TensorSetHeader.FromString(view[_LEN.size : _LEN.size + n]) if n else None
+    return _parse_header(view[_LEN.size : _LEN.size + n]) if n else None
 
 
 def names_shared_memory(message: bytes) -> bool:
@@ -370,7 +375,7 @@ def inline_segment(header: pb.TensorSetHeader, payload: np.ndarray) -> Iterator[
     own.CopyFrom(header)
     own.ClearField("bulk_id")
     own.ClearField("bulk_port")
-    return _inline(own, [memoryview(payload).cast("B")])  # already padded: its length is a multiple of 64
+    return _inline(own, [payload.data.cast("B")])  # already padded: its length is a multiple of 64
 
 
 def header_message(header: pb.TensorSetHeader) -> bytes:

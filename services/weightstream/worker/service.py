@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 import grpc
 import numpy as np
@@ -28,6 +29,7 @@ from weightstream.transport.rpc import (
     tensors_in_client,
     tensors_out_client,
 )
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.shm import KEPT_GRADIENT_BYTES
 from weightstream.transport.tensors import read_messages, wire_nbytes
 from weightstream.worker.engine import Tensors, WorkerEngine
@@ -52,7 +54,7 @@ class SwarmParent:
         token: str,
         generation: int,
         plane: DataPlane | None = None,
-        assemble: Callable[[Tensors], Tensors] | None = None,
+        assemble: Callable[[Tensors], Mapping[str, object]] | None = None,
     ) -> None:
         """``plane``: the data plane of this worker and its node (transport/peers.py; the network where not
         given): on shared memory, weights are mapped from MemoryX and gradients leave in memfds.
@@ -71,7 +73,10 @@ class SwarmParent:
         it = call(self.peer, "GetUnit", self._get, req, timeout=self.timeout_s)
         tensors = self.plane.read(stream(self.peer, "GetUnit", it), peer=self.host)[1]
         self._counted(tensors.values())
-        return self.assemble(tensors) if self.assemble is not None else tensors
+        if self.assemble is None:
+            return tensors
+        # a SparseWeight stands where its dense array would: the numerics take either
+        return cast(Tensors, self.assemble(tensors))
 
     def _counted(self, arrays: Iterable[np.ndarray]) -> None:
         """Add the bytes ``arrays`` take on the wire (float32 travels as bfloat16 in a bf16 job)."""
@@ -119,6 +124,7 @@ def build(job: JobSpec) -> WorkerEngine:
     address, name = job.addresses["swarmx"][parent], f"swarmx-{parent}"
 
     def shared() -> SharedMemoryPlane:
+        assert tag is not None  # plane_for_peer asks for this plane only in a job with a memfd tag
         # a memory budget bounds what the worker holds: kept gradient memfds and kept mappings of the
         # weights (every weight's pages, as they count in its resident memory) would stay outside it
         unbounded = rc.worker_memory_mb is None
@@ -211,4 +217,4 @@ class WorkerServicer(rpc.WorkerServicer):
 
 
 def add_servicer(host: RoleHost, server: grpc.Server) -> None:
-    rpc.add_WorkerServicer_to_server(WorkerServicer(host), server)
+    register_servicer(rpc.add_WorkerServicer_to_server, WorkerServicer(host), server)

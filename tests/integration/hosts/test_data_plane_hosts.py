@@ -27,13 +27,14 @@ NBYTES = 4 << 20  # the tensor pushed: 1 Mi float32
 # bytes that came over the gRPC stream, the checksum of the tensor as received.
 RECEIVER = """
 import json, socket, sys
+import grpc
 from weightstream.transport import bulk
-from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import ControlServicer, RoleHost
 from weightstream.transport.auth import RoleAuthInterceptor
 from weightstream.transport.peers import MemfdProbe, rpc
 from weightstream.transport.plane import SharedMemoryPlane, plane_of_call
-from weightstream.transport.rpc import add_service, create_server, receive_tensors, tensor_push
+from weightstream.transport.rpc import create_server, receive_tensors
+from weightstream.transport.servicers import register_servicer
 from weightstream.transport.shm import job_tag
 from weightstream.transport.tensors import checksum
 
@@ -54,9 +55,18 @@ def push(messages, context):
                           "xxh3": checksum(tensors["w"].view("uint8"))}), flush=True)
     return receive_tensors(context, counted(), handle, plane)
 
+class Receiver(rpc.MemoryXServicer):
+    def PushGradients(self, request_iterator, context):
+        return push(request_iterator, context)
+    def PushGradientsOne(self, request, context):
+        return push(iter((request,)), context)
+    def unused(self, request, context):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "only pushes in this test")
+    GetTensors = GradNormSq = ApplyUpdate = SaveCheckpoint = unused
+
 def register(server):
     rpc.add_ControlServicer_to_server(ControlServicer(role), server)
-    add_service(server, "MemoryX", tensor_push("PushGradients", push, pb.Ack))
+    register_servicer(rpc.add_MemoryXServicer_to_server, Receiver(), server)
 
 address = socket.gethostbyname(socket.gethostname())
 if sys.argv[1] == "bulk":

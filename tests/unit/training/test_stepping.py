@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from weightstream.numerics.optim import OptimizerConfig, SchedulePiece
+from weightstream.numerics.optim import OptimizerConfig, SchedulePiece, clip_coefficient
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.training.divergence import TrainingDiverged
 from weightstream.training.errors import RoleFault
@@ -21,9 +21,10 @@ OPT = OptimizerConfig("adamw", (SchedulePiece("Constant", 1e-3, 1e-3, 1 << 62),)
 
 
 class RecordingRoles:
-    """A stand-in for ``RolePlane``: records each (method, step) call. GradNormSq(s) waits up to
-    ``wait_s`` for RunStep(s + 1) to have been asked for, and records whether it had; RunStep(s) waits up
-    to ``norm_wait_s`` for GradNormSq(s) to have been asked for, and records whether it had."""
+    """A stand-in for ``RolePlane`` and its typed clients (``workers``, ``memoryx``): records each (method,
+    step) call. GradNormSq(s) waits up to ``wait_s`` for RunStep(s + 1) to have been asked for, and records
+    whether it had; RunStep(s) waits up to ``norm_wait_s`` for GradNormSq(s) to have been asked for, and
+    records whether it had. ``watched``: (method, watch) of each ApplyUpdate."""
 
     def __init__(self, sq_sum: float = 4.0, wait_s: float = 0.0, norm_wait_s: float = 0.0) -> None:
         self.calls: list[tuple[str, int]] = []
@@ -33,33 +34,41 @@ class RecordingRoles:
         ] = {}  # step s -> GradNormSq(s) asked for before RunStep(s) ended
         self.sq_sum, self.wait_s, self.norm_wait_s = sq_sum, wait_s, norm_wait_s
         self.update_fails = False  # ApplyUpdate raises RoleFault (a shard lost during the update)
+        self.updates: list[tuple[int, float, float, bool]] = []  # ApplyUpdate's (step, lr, clip, watch)
         self._lock = threading.Lock()
         self._runstep: dict[int, threading.Event] = {}
         self._norm: dict[int, threading.Event] = {}
         self._pool = ThreadPoolExecutor(4)
+        self.workers, self.memoryx = self, self  # the clients: one recorder answers for both kinds
 
     def _event(self, step: int, method: str = "RunStep") -> threading.Event:
         with self._lock:
             return (self._runstep if method == "RunStep" else self._norm).setdefault(step, threading.Event())
 
+    def _record(self, method: str, step: int) -> None:
+        with self._lock:
+            self.calls.append((method, step))
+
     def submit(self, fn: Any) -> Future[Any]:
         return self._pool.submit(fn)
 
-    def rpc_all(self, kind: str, method: str, request: Any, watch: bool = True) -> list[Any]:
-        with self._lock:
-            self.calls.append((method, request.step))
-        if method == "RunStep":
-            self._event(request.step).set()
-            self.norm_during_step[request.step] = self._event(request.step, "norm").wait(self.norm_wait_s)
-            return [pb.RunStepReply(loss=2.5, tokens=16, compute_s=0.1, wait_s=0.01)]
-        if method == "GradNormSq":
-            self._event(request.step, "norm").set()
-            self.sent_ahead[request.step] = self._event(request.step + 1).wait(self.wait_s)
-            return [pb.NormReply(sq_sum=self.sq_sum)]
-        assert method == "ApplyUpdate", method
+    def run_step(self, step: int) -> list[pb.RunStepReply]:
+        self._record("RunStep", step)
+        self._event(step).set()
+        self.norm_during_step[step] = self._event(step, "norm").wait(self.norm_wait_s)
+        return [pb.RunStepReply(loss=2.5, tokens=16, compute_s=0.1, wait_s=0.01)]
+
+    def grad_norm_sq(self, step: int) -> list[float]:
+        self._record("GradNormSq", step)
+        self._event(step, "norm").set()
+        self.sent_ahead[step] = self._event(step + 1).wait(self.wait_s)
+        return [self.sq_sum]
+
+    def apply_update(self, step: int, lr: float, clip: float, *, watch: bool = True) -> None:
+        self._record("ApplyUpdate", step)
+        self.updates.append((step, lr, clip, watch))
         if self.update_fails:
             raise RoleFault("memoryx-0 died")
-        return [pb.Ack()]
 
 
 def test_the_next_steps_runstep_is_sent_before_this_steps_gradient_norm() -> None:
@@ -76,6 +85,9 @@ def test_the_next_steps_runstep_is_sent_before_this_steps_gradient_norm() -> Non
     runsteps = [s for m, s in roles.calls if m == "RunStep"]
     assert runsteps == [0, 1, 2]  # each step's RunStep once: the one sent ahead is the one used
     assert [s for m, s in roles.calls if m == "ApplyUpdate"] == [0, 1, 2]
+    # the norm 2.0 is clipped to 1.0; only the shards take part in the update: no watch for lost workers
+    coef = clip_coefficient([4.0], 1.0)[1]
+    assert coef == pytest.approx(0.5) and roles.updates == [(step, 1e-3, coef, False) for step in range(3)]
 
 
 def test_no_runstep_goes_ahead_of_a_step_that_is_not_next() -> None:

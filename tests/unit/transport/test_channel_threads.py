@@ -14,44 +14,50 @@ import grpc
 import pytest
 
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.transport.errors import PeerError
 from weightstream.transport.rpc import (
     SERVER_THREADS,
-    add_service,
     call,
     create_server,
     open_channel,
     stream,
-    tensors_in,
     tensors_in_client,
-    tensors_in_one,
-    tensors_out,
     tensors_out_client,
 )
+from weightstream.transport.servicers import register_servicer
 
 
-def _serve(pushed: list[tuple[str, list[bytes]]] | None = None) -> tuple[grpc.Server, int]:
-    def push(messages: Iterator[bytes], context: grpc.ServicerContext, method: str) -> pb.Ack:
-        received = list(messages)
-        assert pushed is not None
-        pushed.append((method, received))
-        if received == [b"bad"]:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad push")
-        return pb.Ack(message=str(len(received)))
+class FakeSwarmX(rpc.SwarmXServicer):
+    """Answers GetUnit with three messages naming the unit; records each push (by method) it receives."""
 
-    def get_unit(request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def __init__(self, pushed: list[tuple[str, list[bytes]]] | None) -> None:
+        self.pushed = pushed
+
+    def GetUnit(self, request: pb.UnitRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         if request.unit < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no such unit")
         for i in range(3):
             yield bytes([request.unit, i])
 
+    def _push(self, messages: Iterator[bytes], context: grpc.ServicerContext, method: str) -> pb.Ack:
+        received = list(messages)
+        assert self.pushed is not None
+        self.pushed.append((method, received))
+        if received == [b"bad"]:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad push")
+        return pb.Ack(message=str(len(received)))
+
+    def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
+        return self._push(request_iterator, context, "PushGradients")
+
+    def PushGradientsOne(self, request: bytes, context: grpc.ServicerContext) -> pb.Ack:
+        return self._push(iter((request,)), context, "PushGradientsOne")
+
+
+def _serve(pushed: list[tuple[str, list[bytes]]] | None = None) -> tuple[grpc.Server, int]:
     def register(server: grpc.Server) -> None:
-        methods = {
-            "GetUnit": tensors_out(get_unit, pb.UnitRequest),
-            "PushGradients": tensors_in(lambda m, c: push(m, c, "PushGradients"), pb.Ack),
-            "PushGradientsOne": tensors_in_one(lambda m, c: push(m, c, "PushGradientsOne"), pb.Ack),
-        }
-        add_service(server, "SwarmX", methods)
+        register_servicer(rpc.add_SwarmXServicer_to_server, FakeSwarmX(pushed), server)
 
     return create_server("127.0.0.1:0", register, workers=4)
 

@@ -139,8 +139,8 @@ class SlurmBackend:
         except ValueError as e:
             scope = f"allocation {self.given_job}" if self.given_job else "idle nodes"
             raise BackendError(f"the Slurm cluster cannot hold the job ({scope}): {e}") from e
-        partitions = {rules.workers.partition, rules.servers.partition}
-        if len(partitions) > 1 and not self.given_job:
+        used = {rules.workers.partition, rules.servers.partition}
+        if len(used) > 1 and not self.given_job:
             raise BackendError(
                 f"workers in partition {rules.workers.partition} and servers in {rules.servers.partition}: "
                 "one Slurm job spans one partition; give both the same partition, or tell them apart by "
