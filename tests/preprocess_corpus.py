@@ -30,7 +30,9 @@ def _paragraphs() -> list[str]:
             p.strip() for p in blocks if len(p.strip()) > 120 and not p.lstrip().startswith(("```", "|"))
         ]
     for name in ("weightstream", "weightstream.data.processors", "weightstream.simulate", "weightstream.cli"):
-        paras.append(importlib.import_module(name).__doc__.strip())
+        doc = importlib.import_module(name).__doc__
+        assert doc is not None, name
+        paras.append(doc.strip())
     return paras
 
 

@@ -1,19 +1,20 @@
 """A role's configuration for a TINY job on the shared-memory plane, as Configure gives it, every peer's
 address pointing nowhere: the tests that build a role this way replace the calls it makes (and, with the
 ``peers_share_memory`` fixture, the question to each peer of where it runs), and call its servicer's
-methods directly with a ``DirectContext``."""
+methods directly with a ``DirectContext`` (``direct_context()``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
 from tests.params_files import TINY
 from weightstream.params import load_params
 from weightstream.plan import JobSpec, make_plan
+from weightstream.role import shm_tag
 from weightstream.transport.plane import PLANE_METADATA, SHARED_MEMORY
 
 CREDENTIAL = "c" * 64
@@ -39,6 +40,13 @@ def tiny_role_job(tmp: Path, role: str, **runconfig: Any) -> JobSpec:
     )
 
 
+def arena_tag(job: JobSpec | None) -> str:
+    """The tag of ``job``'s memfds: a job of ``tiny_role_job`` is on the shared-memory plane."""
+    tag = shm_tag(job)
+    assert tag is not None, "the job is not on the shared-memory plane"
+    return tag
+
+
 class DirectContext:
     """The servicer context of a call made without gRPC: generation 0, from a caller on the data ``plane``
     (shared memory unless told), and an abort raises."""
@@ -54,3 +62,8 @@ class DirectContext:
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise RuntimeError(f"{code.name}: {details}")
+
+
+def direct_context(plane: str = SHARED_MEMORY) -> grpc.ServicerContext:
+    """A ``DirectContext`` where servicers take a ``grpc.ServicerContext``: it has the methods they call."""
+    return cast(grpc.ServicerContext, DirectContext(plane))

@@ -42,12 +42,17 @@ def gpt2_logits(
     return x @ head.T
 
 
+def _grad(t: torch.Tensor) -> np.ndarray:
+    assert t.grad is not None, "backward reached no gradient to it"
+    return t.grad.numpy()
+
+
 def loss_and_grads(
     p: Mapping[str, torch.Tensor], logits: torch.Tensor, targets: np.ndarray
 ) -> tuple[float, dict[str, np.ndarray]]:
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.as_tensor(targets).reshape(-1).long())
     loss.backward()
-    return loss.item(), {n: t.grad.numpy() for n, t in p.items()}
+    return loss.item(), {n: _grad(t) for n, t in p.items()}
 
 
 def fc_mlp_logits(p: Mapping[str, torch.Tensor], x: torch.Tensor, depth: int) -> torch.Tensor:
@@ -70,13 +75,13 @@ def assert_layer_matches_torch(
     inputs = make(rng, dtype)
     ref_inputs = [torch.tensor(a.copy(), requires_grad=True) for a in inputs]
     ref_y = torch_fn(*ref_inputs)
-    dy = rng.standard_normal(ref_y.shape).astype(dtype)
+    dy: np.ndarray = rng.standard_normal(ref_y.shape).astype(dtype)
     ref_y.backward(torch.tensor(dy))
     y, grads = np_fn(*[a.copy() for a in inputs], dy.copy())
     assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
     assert_allclose(y, ref_y.detach().numpy(), rtol=rtol, atol=atol)
     for k, (g, ref) in enumerate(zip(grads, ref_inputs, strict=True)):
-        assert_allclose(g, ref.grad.numpy(), rtol=rtol, atol=atol, err_msg=f"input {k}")
+        assert_allclose(g, _grad(ref), rtol=rtol, atol=atol, err_msg=f"input {k}")
 
 
 def hf_inv_freq(config: Any) -> np.ndarray:

@@ -112,6 +112,7 @@ def test_checkpoint_loads_into_transformers_with_the_same_loss(tmp_path: Path) -
         trainer.train_step()
     _, evals = metrics(tmp_path / "m")
     assert_allclose(trainer.evaluate(), evals[3], rtol=LOSS_RTOL)
+    assert trainer.eval_data is not None
     batches = [trainer.eval_data.global_batch(b) for b in range(params.runconfig.eval_steps)]
     assert_allclose(transformers_loss(tmp_path / "m" / "checkpoint_3", batches), evals[3], rtol=1e-5)
 
@@ -212,8 +213,8 @@ def test_memory_budget_recomputes_in_backward_and_matches_the_reference(tmp_path
         assert_allclose(rows[s.step]["grad_norm"], s.grad_norm, rtol=1e-6, err_msg=f"|g|, step {s.step}")
     weights = checkpoint_weights(budget, 3)
     assert sorted(weights) == sorted(trainer.weights)
-    for name, w in trainer.weights.items():
-        assert_allclose(weights[name], w, rtol=1e-5, atol=WEIGHT_ATOL, err_msg=name)
+    for name, weight in trainer.weights.items():
+        assert_allclose(weights[name], weight, rtol=1e-5, atol=WEIGHT_ATOL, err_msg=name)
 
     # the same micro-batches with every activation kept: recompute must not change a bit
     kept = tmp_path / "kept"

@@ -14,7 +14,9 @@ from weightstream.transport.rpc import OPTIONS, open_channel
 
 def _serve(port: int) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(2), options=OPTIONS)
-    echo = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    echo: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: request
+    )
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("Echo", {"Call": echo})])
     assert server.add_insecure_port(f"127.0.0.1:{port}") == port
     server.start()
@@ -22,7 +24,8 @@ def _serve(port: int) -> grpc.Server:
 
 
 def _call(channel: grpc.Channel) -> bytes:
-    return channel.unary_unary("/Echo/Call")(b"ping", timeout=5)
+    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/Echo/Call")
+    return call(b"ping", timeout=5)
 
 
 def test_a_channel_opened_after_a_replacement_connects_at_once() -> None:

@@ -85,6 +85,7 @@ def test_hdf5_with_padding_trains_the_same_on_one_and_two_workers(tmp_path: Path
         assert_allclose(two[name], one[name], rtol=0, atol=WEIGHT_ATOL_40, err_msg=name)
     # padding is out of the loss: Hugging Face's GPT-2 on the same checkpoint and eval samples, read from
     # the file here with labels -100 at attention_mask 0, gives the eval loss the two workers reported
+    assert ref.eval_data is not None
     rows = [ref.eval_data.sample_indices(b) for b in range(2)]  # epoch 0 of one file: ids are its rows
     hf_masked, hf_counting_padding = hf_eval_losses(runs[2] / f"checkpoint_{STEPS}", tmp_path / "eval", rows)
     _, evals = metrics(runs[2])

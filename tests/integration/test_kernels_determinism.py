@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from functools import partial
 
 import numpy as np
 import pytest
@@ -271,7 +272,7 @@ def test_a_stalled_thread_does_not_hold_back_the_other_tasks(monkeypatch: pytest
             if sum(1 for j, _ in ran if j != 0) == 9:
                 others_done.set()
 
-    blocked.run_tasks([lambda i=i: task(i) for i in range(10)])
+    blocked.run_tasks([partial(task, i) for i in range(10)])
     assert sorted(i for i, _ in ran) == list(range(10))
     stalled = dict(ran)[0]
     assert all(t != stalled for i, t in ran if i != 0), "tasks waited behind the stalled thread"

@@ -48,8 +48,8 @@ def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> N
     trainer = ReferenceTrainer(load_params(params_path), num_shards=1)
     ref = {}
     for _ in range(6):
-        step = trainer.train_step()
-        ref[step.step] = step.loss
+        result = trainer.train_step()
+        ref[result.step] = result.loss
     for n in ("1", "4"):
         r = run(params_path, tmp_path / f"m{n}", "--num_csx", n)
         assert r.returncode == 0, r.stderr

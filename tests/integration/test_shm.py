@@ -3,6 +3,7 @@ mapped and outlives it. The rest is in tests/unit/transport/test_shm.py."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -31,7 +32,7 @@ TAG = job_tag("a" * 64)
 def test_another_process_memfd_is_mapped_and_outlives_it() -> None:
     cmd = [sys.executable, "-c", _CHILD, TAG]
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
-        assert child.stdout is not None and child.stdin is not None
+        assert isinstance(child.stdout, io.BufferedReader) and child.stdin is not None
         msg = child.stdout.read1(1 << 16)
         _, out = read_messages([msg], TAG)
         child.stdin.close()

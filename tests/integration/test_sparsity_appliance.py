@@ -50,6 +50,16 @@ def _tensors(checkpoint: Path, prefix: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _sparse_kernel_products(model: ModelDef) -> list[str]:
+    """The sparse candidates whose products the rule sends through the sparse kernels at 90% sparsity."""
+    out = []
+    for n in model.sparse_candidates:
+        rows, cols = model.specs[n].shape  # a matrix
+        if use_sparse_kernels((rows, cols), 0.1):
+            out.append(n)
+    return out
+
+
 def _expected_wire_bytes(model: ModelDef, masks: dict[str, np.ndarray], num_csx: int) -> int:
     """Weights in (every unit forward; every unit but the last, kept from forward, backward) and gradients
     out, per step, over ``num_csx`` workers: a sparse weight as fp32 values plus its index, a sparse
@@ -79,7 +89,7 @@ def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_trans
     params_path = _write(tmp_path)
     params = load_params(params_path)
     model = model_def(params)
-    sparse_kernels = [n for n in model.sparse_candidates if use_sparse_kernels(model.specs[n].shape, 0.1)]
+    sparse_kernels = _sparse_kernel_products(model)
     assert sparse_kernels, "the rule sends none of this model's products through the sparse kernels"
     r = run(params_path, tmp_path / "m", "--num_csx", "2")
     assert r.returncode == 0, r.stderr
@@ -115,6 +125,7 @@ def test_sparse_gpt2_trains_on_two_workers_like_the_reference_and_loads_in_trans
     dense_bytes = _expected_wire_bytes(model, {}, num_csx=2)
     assert wire[12] < 0.4 * dense_bytes  # TINY-ish: the dense embeddings weigh a lot here
     assert type(transformers.AutoModelForCausalLM.from_pretrained(ckpt)).__name__ == "GPT2LMHeadModel"
+    assert trainer.eval_data is not None
     batches = [trainer.eval_data.global_batch(b) for b in range(params.runconfig.eval_steps)]
     assert_allclose(transformers_loss(ckpt, batches), evals[12], rtol=1e-5)
 
@@ -232,7 +243,7 @@ def _write_gmp(tmp: Path) -> Path:
     return path
 
 
-def _assert_level(masks: dict[str, np.ndarray], level: float) -> None:
+def _assert_level(masks: dict[str, np.ndarray], level: float | np.float32) -> None:
     for name, mask in masks.items():
         kept = int((np.float32(1) - np.float32(level)) * np.float32(mask.size))
         assert np.count_nonzero(mask) == kept, (name, level)
@@ -244,7 +255,7 @@ def test_gmp_prunes_gradually_through_the_appliance_like_the_reference(tmp_path:
     params_path = _write_gmp(tmp_path)
     params = load_params(params_path)
     model = model_def(params)
-    assert [n for n in model.sparse_candidates if use_sparse_kernels(model.specs[n].shape, 0.1)]
+    assert _sparse_kernel_products(model)
     r = run(params_path, tmp_path / "m", "--num_csx", "2")
     assert r.returncode == 0, r.stderr
     losses, _ = metrics(tmp_path / "m")

@@ -27,6 +27,7 @@ from tests.integration.appliance import (
 )
 from weightstream.data import make_data_processor
 from weightstream.params import load_params
+from weightstream.params.schema import LlamaModelParams
 
 torch = pytest.importorskip("torch", reason="pip install -e .[test]")
 transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
@@ -105,6 +106,7 @@ def test_gpt2_from_trainer_fit_ckpt_path(tmp_path: Path) -> None:
 def test_llama_from_the_command_line_flag_at_two_workers(tmp_path: Path) -> None:
     params = write_llama_params(tmp_path, max_steps=2, save_initial_checkpoint=True)
     p = load_params(params)
+    assert isinstance(p.model, LlamaModelParams)
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(
         vocab_size=256,

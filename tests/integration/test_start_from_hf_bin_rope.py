@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 from tests.integration.appliance import TINY, metrics, run, transformers_loss, write_llama_params
 from weightstream.data import make_data_processor
 from weightstream.params import load_params
+from weightstream.params.schema import LlamaModelParams
 
 torch = pytest.importorskip("torch", reason="pip install -e .[test]")
 transformers = pytest.importorskip("transformers", reason="pip install -e .[test]")
@@ -79,6 +80,7 @@ def test_llama_with_llama3_rope_scaling_starts_and_exports_with_transformers_los
     }
     params.write_text(yaml.safe_dump(p))
     m = load_params(params).model
+    assert isinstance(m, LlamaModelParams)
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(
         vocab_size=256,

@@ -33,8 +33,8 @@ def test_overlapped_updates_give_the_references_bits(
     for _ in range(params.runconfig.max_steps):
         r = reference.train_step()
         ref_losses[r.step] = r.loss
-    r = run(path, tmp_path / "m", "--num_csx", "1")
-    assert r.returncode == 0, r.stderr
+    done = run(path, tmp_path / "m", "--num_csx", "1")
+    assert done.returncode == 0, done.stderr
     losses, _ = metrics(tmp_path / "m")
     assert losses == ref_losses  # exactly
     weights: dict[str, np.ndarray] = {}

@@ -72,7 +72,7 @@ def _save_bin(model: Any, path: Path, shards: int = 1, dtype: Any = None) -> Pat
         torch.save(state, path / "pytorch_model.bin")
         return path
     names = list(state)
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for i in range(shards):
         f = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
         part = names[i::shards]  # interleaved: the files do not hold the tensors in the model's order

@@ -23,8 +23,8 @@ def test_tree_shape(n: int, fanout: int, depth: int) -> None:
     # every worker reaches the root in `depth` hops
     for w in range(n):
         node, hops = plan.worker_parent[w], 1
-        while plan.swarm[node].parent is not None:
-            node, hops = plan.swarm[node].parent, hops + 1
+        while (parent := plan.swarm[node].parent) is not None:
+            node, hops = parent, hops + 1
         assert hops == depth
     leaves = [("worker", w) for node in plan.swarm for kind, w in node.children if kind == "worker"]
     assert sorted(leaves) == [("worker", w) for w in range(n)]

@@ -119,7 +119,7 @@ def _params_models() -> list[type[BaseModel]]:
     """Every params model a file can reach from ``Params``; a private one (the refused level schedule
     types) holds no key a user can write."""
     seen: list[type[BaseModel]] = []
-    todo = [Params]
+    todo: list[type[BaseModel]] = [Params]
     while todo:
         for f in todo.pop().model_fields.values():
             for m in _models_in(f.annotation):

@@ -64,6 +64,7 @@ def _imported_modules(tree: ast.Module, source: str) -> Iterator[tuple[int, str]
     """(line, dotted name) of every module an ``import``, ``from ... import`` (each name imported from
     a package counts as a module too: ``from tests.unit import test_x``) or ``importlib.import_module``
     of a constant string in ``tree`` may load; relative imports are not used in tests/."""
+    node: ast.AST
     for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
 from reference_pages._markdown import code, table, text
 
@@ -49,7 +48,7 @@ def sample_service() -> Any:
 def families(registry: CollectorRegistry) -> list[Family]:
     """(name, type, help, labels, exposed series names) of every family ``registry`` collects."""
     out = []
-    for metric in cast(Iterable[Metric], registry.collect()):
+    for metric in registry.collect():
         labels: dict[str, tuple[str, ...]] = {}
         for sample in metric.samples:
             for key, value in sample.labels.items():

@@ -159,7 +159,7 @@ def params_page() -> str:
         "is translated into them key by key. An unknown key is an error (with the nearest known one), "
         "never ignored; `weightstream validate` checks a file and prints its key report.\n"
     )
-    extras = {
+    extras: dict[type[BaseModel], str] = {
         InitializerParams: "Each kind takes its own parameters; validation fills in the defaults:\n\n"
         + initializer_table(),
         SchedulePieceParams: "The keys each scheduler takes (any other is refused):\n\n" + scheduler_table(),

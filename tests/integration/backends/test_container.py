@@ -131,6 +131,8 @@ def _as_podman_plays_it(pod: dict[str, Any], ip: str, secrets_dir: Path) -> dict
 class PodmanPlayedBackend:
     """The generated pods, played by podman one pod at a time, each with its own IP on a podman network."""
 
+    co_located = False  # pods: tensor bytes go over gRPC
+
     def __init__(
         self,
         manifests: Callable[[str], list[dict[str, Any]]],
@@ -187,14 +189,20 @@ class PodmanPlayedBackend:
         return out
 
     def failures(self) -> list[str]:
+        return list(self.dead().values())
+
+    def dead(self) -> dict[RoleSpec, str]:
         if self._stopping:
-            return []
-        dead = []
+            return {}
+        dead = {}
         for role in self.roles:
             state = json.loads(_podman("inspect", self._container(role)).stdout)[0]["State"]
             if state["Status"] != "running":
-                dead.append(f"{role.name} {state['Status']} (exit code {state.get('ExitCode')})")
+                dead[role] = f"{role.name} {state['Status']} (exit code {state.get('ExitCode')})"
         return dead
+
+    def restart(self, roles: list[RoleSpec]) -> None:
+        raise BackendError(f"played pods are not replaced: {', '.join(r.name for r in roles)}")
 
     def stop(self) -> None:
         self._stopping = True

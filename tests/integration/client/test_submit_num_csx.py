@@ -44,12 +44,12 @@ def test_the_params_num_csx_is_used_unless_the_submission_overrides_it(tmp_path:
         assert client.submit(params).info()["num_csx"] == 2
         assert client.submit(params, num_csx=1).info()["num_csx"] == 1
 
-        r = _wsctl(live.url, "submit", str(path))
-        assert r.returncode == 0, r.stderr
-        assert client.job(r.stdout.split()[0]).info()["num_csx"] == 2
-        r = _wsctl(live.url, "submit", str(path), "--num_csx", "4")
-        assert r.returncode == 0, r.stderr
-        assert client.job(r.stdout.split()[0]).info()["num_csx"] == 4
+        cli = _wsctl(live.url, "submit", str(path))
+        assert cli.returncode == 0, cli.stderr
+        assert client.job(cli.stdout.split()[0]).info()["num_csx"] == 2
+        cli = _wsctl(live.url, "submit", str(path), "--num_csx", "4")
+        assert cli.returncode == 0, cli.stderr
+        assert client.job(cli.stdout.split()[0]).info()["num_csx"] == 4
         openapi = json.loads(http.get("/openapi.json").text)
         assert "num_csx" not in openapi["components"]["schemas"]["SubmitRequest"].get("required", [])
 

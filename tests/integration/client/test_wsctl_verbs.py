@@ -241,7 +241,12 @@ def test_config_view_names_each_source_and_never_shows_the_token() -> None:
 
 def test_dashboard_prints_the_url_with_the_token_and_opens_it(monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
-    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+
+    def open_(url: str) -> bool:
+        opened.append(url)
+        return True
+
+    monkeypatch.setattr("webbrowser.open", open_)
     env = {"WEIGHTSTREAM_URL": "http://svc:9000/", "WEIGHTSTREAM_TOKEN": "t/k+n"}
     r = CliRunner().invoke(app, ["dashboard"], env=env)
     assert r.exit_code == 0 and r.output == "http://svc:9000/#token=t%2Fk%2Bn\n" and opened == []

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -132,7 +132,7 @@ class LiveApi:
         self._grpc_server: CoordinatorServer | None = None
         self.url = self.grpc_address = ""
 
-    def __enter__(self) -> LiveApi:
+    def __enter__(self) -> Self:
         try:
             self.url = self._server.__enter__().url
             if self._grpc:

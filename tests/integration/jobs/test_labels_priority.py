@@ -173,7 +173,7 @@ def test_grpc_sets_labels_and_priority(api: Api) -> None:
 def _code(call: Any, request: Any, metadata: Any = AUTH) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as e:
         call(request, metadata=metadata, timeout=10)
-    return e.value.code(), e.value.details()
+    return e.value.code(), e.value.details() or ""
 
 
 def test_grpc_errors_map_as_the_rest_ones(api: Api) -> None:

@@ -62,6 +62,7 @@ def test_library_submit_follow_download_and_check_the_loss(service: Service, tmp
     model = model_def(params)
     weights, step = load_tensors(path, "model", list(model.specs))
     assert step == 4
+    assert params.eval_input is not None
     data = make_data_processor(params.eval_input, params.model, "eval")
     losses = []
     for b in range(params.runconfig.eval_steps):
@@ -289,7 +290,8 @@ def test_coordinator_grpc_api(service: Service) -> None:
             stub.SubmitJob(
                 pb.SubmitJobRequest(params_json=json.dumps(bad), num_csx=1), metadata=auth, timeout=10
             )
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model.hidden_size" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "model.hidden_size" in (e.value.details() or "")
         reply = stub.SubmitJob(
             pb.SubmitJobRequest(
                 params_json=json.dumps(job_params(max_steps=2)), num_csx=1, labels={"via": "grpc"}

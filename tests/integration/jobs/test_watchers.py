@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,7 @@ def test_200_watchers_per_api_cost_no_thread_each_and_leave_the_service_responsi
 
     asyncio.run(scenario())
     for name in submitted:  # the submissions made while the streams were open were real jobs
-        wait_until(lambda n=name: c.fleet.runners.get(n) is not None, lambda n=name: f"{n} to start")
+        wait_until(partial(lambda n: c.fleet.runners.get(n) is not None, name), f"{name} to start")
 
 
 def test_event_data_is_strict_json_over_both_apis(coordinator: Coordinator, tmp_path: Path) -> None:
@@ -324,7 +325,7 @@ def test_grpc_maps_a_full_queue_and_bad_json(tmp_path: Path) -> None:
                         metadata=GRPC_AUTH,
                         timeout=10,
                     )
-                assert e.value.code() == code and says in e.value.details()
+                assert e.value.code() == code and says in (e.value.details() or "")
     finally:
         c.stop()
 

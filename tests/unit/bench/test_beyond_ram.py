@@ -14,6 +14,7 @@ import pytest
 from tests.bench_module import load_bench
 from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
+from weightstream.memoryx.store import DiskStore
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.size import num_params
 
@@ -45,6 +46,7 @@ def test_memoryx_io_reads_what_a_disk_shard_logs(
     (logs / "memoryx-1.log").write_text((logs / "memoryx-0.log").read_text())
     per_step = bench.memoryx_io(logs)
     assert sorted(per_step) == [1, 2] and all(v >= 0 for v in per_step.values())
+    assert isinstance(shard.store, DiskStore)
     assert sum(per_step.values()) == pytest.approx(2 * shard.store.io_seconds, rel=1e-3, abs=2e-3)
     shard.close()
 

@@ -244,7 +244,8 @@ class RecordingDataset:
     """Stands in for an h5py dataset and records every selection read from it."""
 
     def __init__(self, ds: Any) -> None:
-        self.ds, self.reads = ds, []
+        self.ds = ds
+        self.reads: list[Any] = []
 
     def __getitem__(self, key: Any) -> np.ndarray:
         self.reads.append(key)
@@ -257,7 +258,7 @@ def test_a_step_reads_only_its_own_rows(corpus) -> None:
     d, _ = corpus
     p = processor(str(d), shuffle_seed=4)
     spies = [RecordingDataset(a) for a in p.datasets[0].arrays]
-    p.datasets[0].arrays = spies  # type: ignore[assignment]
+    p.datasets[0].arrays = spies
 
     def by_file(ids: np.ndarray) -> list[list[int]]:  # files of 5 and 7 samples
         return [sorted({int(i) - lo for i in ids if lo <= i < hi}) for lo, hi in ((0, 5), (5, 12))]
@@ -292,7 +293,7 @@ def test_the_global_count_is_read_once_for_all_workers(corpus) -> None:
     d, _ = corpus
     p = processor(str(d))
     spies = [RecordingDataset(a) for a in p.datasets[0].arrays]
-    p.datasets[0].arrays = spies  # type: ignore[assignment]
+    p.datasets[0].arrays = spies
     first = p.global_tokens(2)
     reads = sum(len(s.reads) for s in spies)
     assert reads > 0

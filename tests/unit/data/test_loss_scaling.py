@@ -205,6 +205,7 @@ def test_params_accept_modelzoos_keys_and_survive_dump_and_load() -> None:
     again = load_params(yaml.safe_load(dump_params(p)))  # as the roles load it
     assert again == p
     default = load_params(_raw()).model
+    assert not isinstance(default, FCMLPModelParams)
     assert (default.loss_scaling, default.loss_weight) == ("num_tokens", 1.0)
     assert loss_scaling(default) == LossScaling()
     llama = _raw(name="llama", filter_size=64, loss_scaling="batch_size", loss_weight=0.5)

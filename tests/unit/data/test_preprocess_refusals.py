@@ -23,7 +23,7 @@ from weightstream.data.tokenizer import load_tokenizer
 # ---------------------------------------------------------------------------------------------------------
 # Refusals: each names the file and line, and leaves no output behind
 # ---------------------------------------------------------------------------------------------------------
-BAD_CASES = {  # name: (files of the corpus, what the error must say)
+BAD_CASES: dict[str, tuple[dict[str, str | bytes], str]] = {  # name: (corpus files, what the error says)
     "not json": (
         {"ok.jsonl": '{"text": "fine"}\n{"text": "fine"}\n{"text": broken\n'},
         r"ok.jsonl:3: not JSON",
@@ -62,6 +62,7 @@ def test_bad_input_is_refused_naming_file_and_line(case: str, tokenizer: Path, t
     corpus.mkdir()
     for name, content in files.items():
         if name.endswith(".gz") and case != "bad gzip":
+            assert isinstance(content, bytes)
             content = gzip.compress(content)
         (corpus / name).write_bytes(content.encode() if isinstance(content, str) else content)
     with pytest.raises(DataPreprocessError, match=message) as e:

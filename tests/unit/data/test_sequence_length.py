@@ -35,6 +35,7 @@ def test_left_out_length_is_read_from_the_files(tmp_path: Path) -> None:
     p = load_params(_params(_h5(tmp_path / "d", 24)))
     assert p.train_input.max_sequence_length is None  # validation opens no file
     filled = with_sequence_lengths(p)
+    assert filled.eval_input is not None
     assert filled.train_input.max_sequence_length == 24 and filled.eval_input.max_sequence_length == 24
     given = load_params(_params(tmp_path / "d", max_sequence_length=24))
     assert with_sequence_lengths(given) is given  # a given length is left as it is

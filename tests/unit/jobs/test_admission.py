@@ -166,7 +166,7 @@ def test_validate_run_and_the_service_admit_through_the_one_pipeline(
 
     calls.clear()
     # a queue that takes no job: the submission is admitted in full, then refused, and nothing starts
-    service = JobService(_config(tmp_path, max_queued_jobs=0), runner_factory=lambda *a: None)  # type: ignore[arg-type,return-value]
+    service = JobService(_config(tmp_path, max_queued_jobs=0), runner_factory=lambda *a: None)  # type: ignore[arg-type]  # no runner: no job starts
     try:
         with pytest.raises(QueueFull):
             service.submit(copy.deepcopy(TINY), num_csx=1)

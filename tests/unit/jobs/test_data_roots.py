@@ -144,7 +144,8 @@ def test_weightstream_run_reads_any_path(tmp_path: Path, roots: tuple[Path, Path
 
     p = load_params(_text_params(str(tmp_path / "secrets")))
     assert p.train_input.data_dir == str(tmp_path / "secrets")
-    assert make_data_processor(p.train_input, p.model, "train").num_samples > 0
+    num_samples = make_data_processor(p.train_input, p.model, "train").num_samples
+    assert num_samples is not None and num_samples > 0
 
 
 def test_a_nul_byte_is_outside_too(service: JobService) -> None:

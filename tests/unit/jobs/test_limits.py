@@ -220,7 +220,7 @@ def test_the_service_keeps_a_files_own_checkpoint_retention_in_either_layout() -
     limits = ServiceLimits(keep_checkpoint_max=5)
     assert with_service_defaults({"runconfig": {"max_steps": 3}}, limits) == {"keep_checkpoint_max": 5}
     assert with_service_defaults({"runconfig": {"keep_checkpoint_max": None}}, limits) == {}
-    trainer = {"trainer": {"init": {"callbacks": [{"ComputeNorm": {}}]}}}
+    trainer: dict[str, Any] = {"trainer": {"init": {"callbacks": [{"ComputeNorm": {}}]}}}
     assert with_service_defaults(trainer, limits) == {"keep_checkpoint_max": 5}
     trainer["trainer"]["init"]["callbacks"].append({"KeepNCheckpoints": {"n": 2}})
     assert with_service_defaults(trainer, limits) == {}  # KeepNCheckpoints is the trainer: spelling

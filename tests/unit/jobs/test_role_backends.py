@@ -14,11 +14,13 @@ from weightstream.jobs.config import ServiceConfig
 from weightstream.jobs.role_backends import end_leftovers, make_backend
 from weightstream.params import Params
 
+NO_PARAMS = Params.model_construct()  # type: ignore[call-arg]  # empty: only the Kubernetes backend reads them
+
 
 def slurm_backend(tmp_path: Path, priority: int, environ: dict[str, str]) -> SlurmBackend:
     rules = PlacementRules(workers=NodeRule("batch", ("wafer",)))
     config = ServiceConfig(tmp_path, 4, backend="slurm", slurm=rules)
-    made = make_backend(config, "0123abcd4567", Params.model_construct(), tmp_path / "logs", priority,
+    made = make_backend(config, "0123abcd4567", NO_PARAMS, tmp_path / "logs", priority,
                         lambda _: None, environ)  # fmt: skip
     assert isinstance(made, SlurmBackend)
     assert made.rules == rules and made.run_dir == tmp_path / "logs"
@@ -43,5 +45,5 @@ def test_a_service_inside_an_allocation_still_gives_each_job_its_own(tmp_path: P
 def test_other_backends_leave_nothing_to_end_and_run_locally(tmp_path: Path) -> None:
     config = ServiceConfig(tmp_path, 4)
     assert end_leftovers(config, "0123abcd4567") == []
-    made = make_backend(config, "j", Params.model_construct(), tmp_path / "logs", 2, lambda _: None)
+    made = make_backend(config, "j", NO_PARAMS, tmp_path / "logs", 2, lambda _: None)
     assert isinstance(made, LocalProcessBackend)

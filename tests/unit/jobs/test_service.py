@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 from tests.params_files import TINY
 from tests.waiting import wait_until
@@ -14,10 +15,10 @@ def test_a_job_that_cannot_start_fails_and_the_scheduler_goes_on(tmp_path: Path)
     service = JobService(ServiceConfig(tmp_path, slots=2))
     try:
 
-        def broken_backend(*args: object) -> None:
+        def broken_backend(*args: object, **kwargs: object) -> NoReturn:
             raise RuntimeError("no cluster credentials")
 
-        service._backend = broken_backend  # type: ignore[method-assign]
+        service._backend = broken_backend  # type: ignore[method-assign]  # for this test only
         first = service.submit(dict(TINY), num_csx=1)
         second = service.submit(dict(TINY), num_csx=1)
         wait_until(lambda: all(service.is_terminal(j.id) for j in (first, second)), "both jobs to end", 10)
@@ -44,7 +45,7 @@ def test_last_event_is_the_newest_of_its_kind(tmp_path: Path) -> None:
 
 def test_metrics_skip_the_line_a_job_is_still_writing(tmp_path: Path) -> None:
     """metrics.jsonl is appended to while a job runs: a reader can meet half a line (was a 500)."""
-    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=lambda *a: None)  # type: ignore[arg-type,return-value]
+    service = JobService(ServiceConfig(tmp_path, slots=1), runner_factory=lambda *a: None)  # type: ignore[arg-type]  # no runner: no job starts
     try:
         job = service.store.create("j1", {}, 1, {}, 2, tmp_path / "j1")
         (tmp_path / "j1").mkdir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,7 @@ def test_the_role_builds_its_shard_on_disk_when_the_params_say_so(tmp_path: Path
     assert {p.name for p in where.iterdir()} >= {f"{w}.f32", f"{w}.exp_avg.f32", f"{w}.exp_avg_sq.f32"}
     shard.close()
     other = memoryx_service.build(_tiny_job(tmp_path, memoryx_storage="disk", memoryx_dir="scratch"))
+    assert isinstance(other.store, DiskStore)
     assert other.store.directory == tmp_path / "model" / "scratch" / "shard_0"
     other.close()
     assert isinstance(memoryx_service.build(_tiny_job(tmp_path)).store, MemoryStore)
@@ -171,7 +173,7 @@ def test_streamed_safetensors_load_in_the_library_and_round_trip(tmp_path: Path,
     for k, v in tensors.items():
         store.put(k, v)
     path = tmp_path / "model.safetensors"
-    write_safetensors(path, [(k, v.shape, lambda k=k: store.blocks(k)) for k, v in tensors.items()])
+    write_safetensors(path, [(k, v.shape, partial(store.blocks, k)) for k, v in tensors.items()])
     loaded = load_file(str(path))
     assert set(loaded) == set(tensors) and all(np.array_equal(loaded[k], v) for k, v in tensors.items())
     assert dict(iter_tensors(tmp_path, "model", ["y"]))["y"].tolist() == list(range(7))

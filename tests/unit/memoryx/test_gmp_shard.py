@@ -73,7 +73,7 @@ class CerebrasGmp:
     def _topk(self, n: str) -> torch.Tensor:
         p = self.params[n]
         density = 1 - torch.clamp(self.level(torch.tensor(self.step)), 0.0, 1.0)
-        k = (density * torch.tensor(p.numel(), dtype=torch.float)).int().item()
+        k = int((density * torch.tensor(p.numel(), dtype=torch.float)).int().item())
         _, idx = torch.topk(p.abs().reshape(-1), k)
         return torch.zeros(p.numel(), dtype=torch.bool).scatter(0, idx, True).reshape(p.shape)
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.role_jobs import CREDENTIAL, DirectContext, tiny_role_job
+from tests.role_jobs import CREDENTIAL, arena_tag, direct_context, tiny_role_job
 from weightstream.memoryx import service as memoryx_service
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.role import RoleHost, shm_tag
+from weightstream.role import RoleHost
 from weightstream.transport.shm import KeptScratch, SharedArena
 from weightstream.transport.tensors import tensor_messages
 
@@ -27,7 +27,7 @@ def _memoryx(tmp_path: Path, **runconfig: Any) -> tuple[RoleHost, MemoryXShard]:
     job = tiny_role_job(tmp_path, "memoryx", **runconfig)
     host = RoleHost("memoryx", memoryx_service.build, CREDENTIAL)
     host.configure(job)
-    return host, host.logic(DirectContext())
+    return host, host.logic(direct_context())
 
 
 def _step(host: RoleHost, shard: MemoryXShard, kept: KeptScratch, step: int) -> None:
@@ -42,7 +42,7 @@ def _step(host: RoleHost, shard: MemoryXShard, kept: KeptScratch, step: int) -> 
         grads = {n: rng.standard_normal(shard.model.specs[n].shape).astype(np.float32) for n in names}
         with kept.lease(unit) as scratch:  # the memfd stays open until the call has returned
             messages = list(tensor_messages(grads.items(), pb.StreamHead(step=step, unit=unit), shm=scratch))
-            servicer.PushGradients(iter(messages), DirectContext())
+            servicer.PushGradients(iter(messages), direct_context())
     shard.grad_sq_sum(step)
     shard.apply_update(step, lr=1e-2, clip_coef=1.0)
 
@@ -54,7 +54,7 @@ def test_a_senders_kept_memfd_is_mapped_once_and_each_steps_gradient_is_read(
     # the same job and gradients into a shard that keeps no mapping: its weights are the reference
     ref_host, ref = _memoryx(tmp_path / "ref")
     ref.grad_maps.capacity = 0
-    arena = SharedArena(shm_tag(host.job))
+    arena = SharedArena(arena_tag(host.job))
     kept = KeptScratch(arena, 1 << 30)
     units = sum(1 for spec in shard.model.units if set(spec.param_names) & set(shard.names))
     for step in range(3):

@@ -12,11 +12,12 @@ from numpy.testing import assert_allclose
 
 from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard, StaleStepError
+from weightstream.numerics import ModelDef
 from weightstream.numerics.optim import clip_coefficient
 from weightstream.params import load_params, model_def, optimizer_config
 
 
-def _shard(storage: Path | None = None, timeout_s: float = 2) -> tuple[MemoryXShard, object]:
+def _shard(storage: Path | None = None, timeout_s: float = 2) -> tuple[MemoryXShard, ModelDef]:
     p = load_params(TINY)
     model = model_def(p)
     opt = optimizer_config(p.optimizer)

@@ -12,6 +12,7 @@ import pytest
 
 from tests.memoryx_shards import WAIT_S, gate, gradients_in, in_thread, tiny_shard
 from weightstream.memoryx.shard import ShardClosedError
+from weightstream.memoryx.store import MemoryStore
 
 
 def _raised(fn: Callable[[], object]) -> tuple[list[BaseException], Callable[[], None]]:
@@ -62,6 +63,7 @@ def test_close_lets_an_update_being_applied_finish_before_freeing_the_store() ->
     assert reached.wait(WAIT_S)
     closer, _ = in_thread(shard.close)
     assert shard.progress.wait_for_waiters(1, WAIT_S), "the close must wait for the update in progress"
+    assert isinstance(shard.store, MemoryStore)
     assert shard.store.arrays, "the store was freed under an update in progress"
     go.set()
     for t in (updater, closer):

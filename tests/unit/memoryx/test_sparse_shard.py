@@ -15,7 +15,13 @@ from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics import ModelDef
 from weightstream.numerics.model import init_tensor
 from weightstream.numerics.optim import optimizer_step
-from weightstream.numerics.sparse_masks import INIT_METHODS, SparsitySpec, kept_count, make_positions
+from weightstream.numerics.sparse_masks import (
+    INIT_METHODS,
+    InitMethod,
+    SparsitySpec,
+    kept_count,
+    make_positions,
+)
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.sparsity import model_density, sparsity_specs
 from weightstream.transport.sparse import decode_index, split_index
@@ -39,7 +45,7 @@ def _positions(shard: MemoryXShard, name: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("method", INIT_METHODS)
-def test_masks_are_deterministic_and_as_sparse_as_asked(method: str) -> None:
+def test_masks_are_deterministic_and_as_sparse_as_asked(method: InitMethod) -> None:
     spec = SparsitySpec(0.9, method, seed=3)
     w = init_tensor(model_def(load_params(SPARSE)).specs[C_FC], 7)
     a = make_positions(C_FC, w.shape, spec, w)
@@ -251,7 +257,7 @@ def test_the_reported_density_is_that_of_the_masks_made(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", ["topk", "balanced-topk"])
-def test_magnitude_ties_keep_the_lower_positions(rng, method: str) -> None:
+def test_magnitude_ties_keep_the_lower_positions(rng, method: InitMethod) -> None:
     """Ties in magnitude (a checkpoint of rounded weights; here three magnitudes, either sign) go to the
     lower position, as the module documents, so the mask never depends on the sort algorithm."""
     w = (rng.integers(1, 4, (16, 40)) * rng.choice([-1, 1], (16, 40))).astype(np.float32)

@@ -4,6 +4,8 @@ whole of it."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -50,7 +52,7 @@ def test_a_repeated_update_and_a_reset_wait_for_the_update_in_flight() -> None:
     for step, interloper in ((0, "retry"), (1, "reset")):
         gradients_in(shard, model, step)
         reached, go = gate(shard, late)
-        updater, _ = in_thread(lambda step=step: shard.apply_update(step, 1e-2, 1.0))
+        updater, _ = in_thread(partial(shard.apply_update, step, 1e-2, 1.0))
         assert reached.wait(WAIT_S)
         if interloper == "retry":  # the same call again (a retry): finds the step applied
             other, out = in_thread(lambda: shard.apply_update(0, 1e-2, 1.0))
@@ -63,7 +65,7 @@ def test_a_repeated_update_and_a_reset_wait_for_the_update_in_flight() -> None:
             t.join(WAIT_S)
         assert shard.step == step + 1
         assert out == ([False] if interloper == "retry" else [None])
-        shard.store.update = type(shard.store).update.__get__(shard.store)  # ungated
+        shard.store.update = type(shard.store).update.__get__(shard.store)  # type: ignore[method-assign]  # ungated
     assert shard.generation == 1
 
 

@@ -194,7 +194,9 @@ def test_gpt2_matches_hugging_face_in_train_mode_given_our_masks(rng: np.random.
         if p == 0.0 or not training:
             return z
         applied.append(p)
-        return z * torch.as_tensor(next(queue).transpose(0, 1, 3, 2), dtype=z.dtype) / (1.0 - p)
+        mask = next(queue)
+        assert mask is not None
+        return z * torch.as_tensor(mask.transpose(0, 1, 3, 2), dtype=z.dtype) / (1.0 - p)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.nn.functional, "dropout", dropout)
@@ -257,7 +259,8 @@ def test_masks_differ_by_layer_sample_and_step_and_keep_one_minus_the_rate(rng) 
     assert not np.array_equal(m0, m1)  # layers
     assert not np.array_equal(m0[0], m0[1])  # samples
     with dropout_scope(SEED, STEP + 1, first_sample=0):
-        assert not np.array_equal(dropout_mask(_site(0), m0.shape, RATE), m0)  # steps
+        other_step = dropout_mask(_site(0), m0.shape, RATE)
+        assert other_step is not None and not np.array_equal(other_step, m0)  # steps
     with dropout_scope(SEED, STEP, first_sample=0):
         big = dropout_mask(_site(0), (4, 12, 128, 128), RATE)
     assert big is not None and abs(big.mean() - (1 - RATE)) < 3e-3
@@ -296,8 +299,13 @@ def test_rate_0_and_no_scope_change_no_bit(rng: np.random.Generator, monkeypatch
     before = forward_backward(plain, params, ids, targets, targets.size)
     _same_bits(forward_backward(dropping, params, ids, targets, targets.size), before)  # no scope
     seen: list[Any] = []
-    real = G.attention_forward_t
-    monkeypatch.setattr(G, "attention_forward_t", lambda *a, **k: (seen.append(k["keep"]), real(*a, **k))[1])
+    real = A.attention_forward_t
+
+    def seeing(*a: Any, **k: Any) -> Any:
+        seen.append(k["keep"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(G, "attention_forward_t", seeing)
     with dropout_scope(SEED, STEP, first_sample=0):
         _same_bits(forward_backward(plain, params, ids, targets, targets.size), before)  # rate 0
     assert seen == [None] * CFG.n_layer  # the kernel ran without a mask: its code path of before

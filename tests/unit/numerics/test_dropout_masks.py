@@ -17,7 +17,7 @@ CFG = GPT2Config(vocab_size=37, n_positions=12, n_embd=16, n_layer=3, n_head=4, 
 
 
 def _cfg(**changes: object) -> GPT2Config:
-    return GPT2Config(**{**CFG.__dict__, **changes})  # type: ignore[arg-type]
+    return GPT2Config(**{**CFG.__dict__, **changes})
 
 
 def _sites(model: ModelDef) -> list[str]:

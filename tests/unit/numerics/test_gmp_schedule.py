@@ -72,7 +72,7 @@ def _check_level(kind: str, k: dict[str, float]) -> None:
 def test_linear_levels_are_cerebras_bitwise() -> None:
     for k in ({"init": 0.0, "slope": 1e-3}, {"init": 0.3, "slope": 7e-4}, {"init": 0.9, "slope": -1e-3}):
         ref = np.stack([_cerebras_level("linear", k, s).numpy()[1] for s in STEPS])
-        ours = np.array([LevelSchedule("linear", **k).at(s) for s in STEPS])  # type: ignore[arg-type]
+        ours = np.array([LevelSchedule("linear", **k).at(s) for s in STEPS])
         np.testing.assert_array_equal(ours, ref)
 
 
@@ -134,7 +134,7 @@ def test_kept_counts_are_make_mask_topk_sparsitys() -> None:
     levels = np.concatenate(
         [
             np.array([0.0, 1.0, 0.5, 0.1, 0.6, 0.9, 0.99, 1 / 3], dtype=np.float32),
-            np.nextafter(np.float32([0.0, 1.0]), np.float32(0.5)),  # the smallest level, the largest below 1
+            np.nextafter(np.array([0.0, 1.0], np.float32), 0.5),  # the smallest level, the largest below 1
             rng.random(40, dtype=np.float32),
         ]
     )
@@ -203,7 +203,7 @@ def test_largest_positions_rank_magnitudes_ties_low_zeros_last() -> None:
             got = largest_positions(w, kept)
             assert got.dtype == np.int64 and np.all(np.diff(got) > 0)
             assert got.tolist() == _brute_largest(w, kept), (shape, kept)
-    w = np.float32([[0.0, -5.0, 0.0, 2.0], [-2.0, 0.0, 1.0, 0.0]])
+    w = np.array([[0.0, -5.0, 0.0, 2.0], [-2.0, 0.0, 1.0, 0.0]], np.float32)
     assert largest_positions(w, 3).tolist() == [1, 3, 4]  # |-5|, then 2 and -2: the tie to position 3
     assert largest_positions(w, 5).tolist() == [0, 1, 3, 4, 6]  # every non-zero, then the first zero
 

@@ -198,6 +198,7 @@ def test_decoder_layer_matches_torch_for_every_grouping(kv: int, bias: bool, rng
     x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     y, saved = unit.forward(params, x.copy())
     dx, grads = unit.backward(params, saved, dy.copy())
+    assert dx is not None
     ref_x, tp = (
         torch.tensor(x, requires_grad=True),
         {n: torch.tensor(v, requires_grad=True) for n, v in params.items()},

@@ -120,7 +120,8 @@ class Units:
     """A UnitSource with every weight here: fresh copies out, pushed gradients summed by name."""
 
     def __init__(self, weights: Tensors, model: Any) -> None:
-        self.weights, self.model, self.grads = weights, model, {}
+        self.weights, self.model = weights, model
+        self.grads: dict[str, np.ndarray] = {}
 
     def get_unit(self, step: int, unit: int, phase: int) -> Tensors:
         return {n: self.weights[n].copy() for n in self.model.units[unit].param_names}
@@ -154,7 +155,8 @@ def test_worker_step_and_reference_divide_by_the_global_count_of_counted_tokens(
     assert 0 < count < y.size  # the data has padding
     ref_loss, ref_grads, tokens = ReferenceTrainer(params, num_shards=WORKERS).gradients(step)
     assert tokens == count
-    loss, total = 0.0, {}
+    loss = 0.0
+    total: dict[str, np.ndarray] = {}
     for w in range(WORKERS):
         units = Units(weights, model)
         engine = WorkerEngine(model, w, WORKERS, units, batches)

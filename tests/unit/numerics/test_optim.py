@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from weightstream.numerics.optim import (
     SUM_BLOCK,
     UPDATE_BLOCK,
     OptimizerConfig,
+    OptimizerKind,
     SchedulePiece,
     adam_step,
     add_sq_sum,
@@ -24,6 +26,9 @@ from weightstream.numerics.optim import (
     optimizer_step,
     sgd_step,
 )
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer  # only annotates: torch itself is imported or the module skipped below
 
 torch = pytest.importorskip(
     "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
@@ -48,7 +53,7 @@ CONFIGS = {
 }
 
 
-def _torch_optimizer(cfg: OptimizerConfig, params: list) -> torch.optim.Optimizer:
+def _torch_optimizer(cfg: OptimizerConfig, params: list) -> Optimizer:
     if cfg.kind == "adamw":
         return torch.optim.AdamW(
             params, lr=1.0, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
@@ -156,7 +161,7 @@ def test_clip_coefficient() -> None:
 @pytest.mark.parametrize("wd", [0.01, 0.0])
 @pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
 def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes_the_gradient(
-    kind: str, wd: float, rng
+    kind: OptimizerKind, wd: float, rng
 ) -> None:
     """optimizer_step runs Adam(W) over float32 as one fused numba pass and SGD over UPDATE_BLOCK pieces
     (speed); either way the bits must be those of the numpy formulas in one pass over the whole tensor,
@@ -205,7 +210,7 @@ def test_update_in_cache_sized_pieces_is_bitwise_one_whole_pass_and_never_writes
 
 @pytest.mark.parametrize("kind", ["adamw", "adam"])
 def test_a_helper_thread_takes_half_of_a_large_update_and_the_bits_are_those_of_one_pass(
-    kind: str, rng
+    kind: OptimizerKind, rng
 ) -> None:
     """MemoryX updates the first unit's tensors on two cores (``helper``, memoryx/update.py): every element
     is computed alone, so the two halves' bits must be one pass's, signed zeros and non-finite values

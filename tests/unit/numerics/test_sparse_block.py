@@ -4,6 +4,9 @@ anywhere (the worker skips the zeros)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
@@ -11,6 +14,7 @@ from numpy.testing import assert_allclose
 from weightstream.numerics import sparse as sparse_module
 from weightstream.numerics.gpt2 import BlockUnit
 from weightstream.numerics.llama import LlamaConfig, build_llama
+from weightstream.numerics.model import Params
 from weightstream.numerics.sparse import SparseWeight, use_sparse_kernels
 from weightstream.numerics.sparse_masks import SparsitySpec, make_positions
 
@@ -55,8 +59,8 @@ def test_sparse_block_equals_the_dense_block_on_masked_weights_without_dense_pro
         raise AssertionError("a dense product of a sparse weight")
 
     monkeypatch.setattr(sparse_module, "matmul", no_dense)  # sparse.py's only way to a dense product
-    y, saved = block.forward({**dense, **sparse}, x)
-    dx, g = block.backward({**dense, **sparse}, saved, dy.copy())
+    y, saved = block.forward(_with_sparse(dense, sparse), x)
+    dx, g = block.backward(_with_sparse(dense, sparse), saved, dy.copy())
     close(y, y_ref, "y")
     close(dx, dx_ref, "dx")
     for n, w in sparse.items():
@@ -66,8 +70,15 @@ def test_sparse_block_equals_the_dense_block_on_masked_weights_without_dense_pro
         close(g[n], g_ref[n], n)
 
 
-def close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def _with_sparse(dense: Params, sparse: Mapping[str, SparseWeight]) -> Params:
+    """``dense`` with the ``sparse`` weights in their places: a SparseWeight stands where its dense array
+    would (the numerics take either, as the worker's assembled units do)."""
+    return cast(Params, {**dense, **sparse})
+
+
+def close(got: np.ndarray | None, want: np.ndarray | None, what: str) -> None:
     """float32 sums in another order: within 1e-5 of the tensor's largest magnitude, entry by entry."""
+    assert got is not None and want is not None, what
     assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()), err_msg=what)
 
 
@@ -87,8 +98,10 @@ def test_sparse_llama_layer_equals_the_dense_layer_on_masked_weights(
     sparse = {}
     for n in layer.param_names:
         if n in model.sparse_candidates and (only is None or f".{only}." in n):
-            pos = make_positions(n, model.specs[n].shape, SparsitySpec(0.9, "random", seed=5), weights[n])
-            sparse[n] = SparseWeight.from_positions(model.specs[n].shape, pos, weights[n].reshape(-1)[pos])
+            shape = model.specs[n].shape
+            assert len(shape) == 2  # a sparse candidate is a matrix
+            pos = make_positions(n, shape, SparsitySpec(0.9, "random", seed=5), weights[n])
+            sparse[n] = SparseWeight.from_positions(shape, pos, weights[n].reshape(-1)[pos])
     assert len(sparse) == (7 if only is None else 1) and any(
         use_sparse_kernels(w.shape, w.density) for w in sparse.values()
     )
@@ -97,8 +110,8 @@ def test_sparse_llama_layer_equals_the_dense_layer_on_masked_weights(
     dy = rng.standard_normal((2, 32, C)).astype(np.float32)
     y_ref, saved = layer.forward(masked, x)
     dx_ref, g_ref = layer.backward(masked, saved, dy.copy())
-    y, saved = layer.forward({**weights, **sparse}, x)
-    dx, g = layer.backward({**weights, **sparse}, saved, dy.copy())
+    y, saved = layer.forward(_with_sparse(weights, sparse), x)
+    dx, g = layer.backward(_with_sparse(weights, sparse), saved, dy.copy())
     close(y, y_ref, "y")
     close(dx, dx_ref, "dx")
     for n in layer.param_names:

@@ -13,6 +13,7 @@ import yaml
 
 from tests.params_files import TINY
 from weightstream.params import ParamsError, dump_params, load_params, model_def
+from weightstream.params.schema import GPT2ModelParams
 from weightstream.training.checkpoints import hf_config
 
 
@@ -33,6 +34,7 @@ def test_params_set_the_rate_and_survive_dump_and_load() -> None:
     assert _block_rates(_raw(name="gpt3", attention_dropout_rate=0.1)) == {0.1}
     p = load_params(_raw(attention_dropout_rate=0.15))
     again = load_params(yaml.safe_load(dump_params(p)))  # as the roles load it
+    assert isinstance(again.model, GPT2ModelParams)
     assert again == p and again.model.attention_dropout == 0.15
     with pytest.raises(ParamsError, match=r"model\.attention_dropout_rate.*less than 1"):
         load_params(_raw(attention_dropout_rate=1.0))

@@ -14,6 +14,7 @@ import yaml
 from tests.params_files import SPARSE_GPT2
 from weightstream.numerics.sparsity_schedule import LEVEL_KINDS, LevelSchedule, UpdateSchedule
 from weightstream.params import ParamsError, dump_params, load_params, model_def
+from weightstream.params.schema import GPT2ModelParams
 from weightstream.params.sparsity import model_density, sparsity_specs
 from weightstream.params.sparsity_schema import LEVEL_TYPES
 
@@ -298,7 +299,9 @@ def test_model_density_is_the_level_at_the_last_update(
     block = {"algorithm": "gmp", "sparsity": {f"*.{FC}": EXP, "*": LINEAR}, "init_method": "balanced-topk"}
     p = load_params(_write(tmp_path, block | ({"update": update} if update else {}), max_steps=12))
     m = p.model
+    assert isinstance(m, GPT2ModelParams)
     h, f = m.hidden_size, m.filter_size
+    assert f is not None
     s = torch.tensor(last, dtype=torch.int64)
     # cerebras.pytorch's Exp and Linear at the last update step, and make_mask_topk_sparsity's count
     exp = torch.tensor(0.75) - (torch.tensor(0.75) - torch.tensor(0.25)) * torch.exp(s * torch.tensor(-0.1))

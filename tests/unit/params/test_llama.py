@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from weightstream.params import ParamsError, load_params, model_def
+from weightstream.params.schema import LlamaModelParams
 from weightstream.params.size import num_params
 
 LLAMA: dict[str, Any] = {
@@ -69,9 +70,11 @@ def test_llama_params_load_with_modelzoo_keys() -> None:
     # aiayn_attention (or no attention_module at all) is multi-head attention: as many kv heads as heads
     plain = copy.deepcopy(LLAMA)
     del plain["model"]["attention_module"], plain["model"]["extra_attention_params"]
-    assert load_params(plain).model.num_kv_heads == 4
+    plain_model = load_params(plain).model
+    assert isinstance(plain_model, LlamaModelParams) and plain_model.num_kv_heads == 4
     # multiquery_attention without extra_attention_params: one kv head (multi-query attention)
-    assert load_params(_with("model.extra_attention_params", DELETE)).model.num_kv_heads == 1
+    mqa = load_params(_with("model.extra_attention_params", DELETE)).model
+    assert isinstance(mqa, LlamaModelParams) and mqa.num_kv_heads == 1
 
 
 def test_llama_parameter_count_in_closed_form() -> None:

@@ -14,6 +14,7 @@ from numpy.testing import assert_allclose
 
 from tests.torch_reference import hf_inv_freq
 from weightstream.hf_checkpoint import StartCheckpointError
+from weightstream.numerics.llama import DecoderLayerUnit
 from weightstream.numerics.rope_scaling import (
     RopeScaling,
     hf_rope_config,
@@ -23,6 +24,7 @@ from weightstream.numerics.rope_scaling import (
 )
 from weightstream.params import ParamsError, dump_params, load_params, model_def
 from weightstream.params.resolve import rope_scaling
+from weightstream.params.schema import LlamaModelParams
 from weightstream.training.checkpoints import hf_config
 from weightstream.training.hf_start import check_start_checkpoint
 
@@ -69,7 +71,7 @@ HF_LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,
 }
-MZ_LLAMA3 = {  # the same, as ModelZoo writes it (an int low_freq_factor, as YAML may give it)
+MZ_LLAMA3: dict[str, Any] = {  # the same, as ModelZoo writes it (an int low_freq_factor, as YAML may give it)
     "pos_scaling_type": "llama3",
     "pos_scaling_factor": 8.0,
     "pos_scaling_extra_args": {
@@ -96,6 +98,7 @@ def test_params_reach_the_model_and_survive_dump_and_load(keys: dict[str, Any]) 
         keys.get("pos_scaling_extra_args"),
     )
     layer = model_def(p).units[1]
+    assert isinstance(layer, DecoderLayerUnit) and isinstance(p.model, LlamaModelParams)
     assert layer.scaling == rope_scaling(p.model) == want
     assert load_params(yaml.safe_load(dump_params(p))) == p  # roles load what the coordinator dumped
     if keys is MZ_LLAMA3:
@@ -181,7 +184,9 @@ def test_exported_config_loads_in_transformers_with_the_same_rope(
 ) -> None:
     config, theirs = _exported(tmp_path / "both", keys)
     p = load_params(_params(**keys))
+    assert isinstance(p.model, LlamaModelParams)
     scaling = rope_scaling(p.model)
+    assert scaling is not None
     assert theirs.rope_parameters["rope_type"] == keys["pos_scaling_type"]
     ours = rope_inv_freq(p.model.head_dim, p.model.rope_theta, scaling)
     assert_allclose(ours, hf_inv_freq(theirs), rtol=1e-6)

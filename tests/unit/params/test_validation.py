@@ -11,6 +11,7 @@ import yaml
 
 from weightstream.numerics.optim import learning_rate_at
 from weightstream.params import ParamsError, dump_params, load_params, model_def, optimizer_config
+from weightstream.params.schema import GPT2ModelParams
 
 EXAMPLES = Path(__file__).parents[3] / "services" / "weightstream" / "examples"
 
@@ -85,7 +86,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     """GOOD with one key set (value ...) or deleted (value is DELETE)."""
     d = copy.deepcopy(GOOD)
     *parents, last = path.split(".")
-    node = d
+    node: Any = d
     for k in parents:
         node = node[int(k)] if k.isdigit() else node[k]
     if value is DELETE:
@@ -265,6 +266,7 @@ def test_modelzoo_names_for_what_weightstream_implements() -> None:
 
 def test_good_params_load() -> None:
     p = load_params(GOOD)
+    assert isinstance(p.model, GPT2ModelParams)
     assert p.runconfig.num_csx == 2 and p.model.inner_size == 1024
     assert model_def(p).family == "gpt2"
     cfg = optimizer_config(p.optimizer)

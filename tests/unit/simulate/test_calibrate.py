@@ -134,8 +134,8 @@ def test_a_network_null_run_gives_the_network_plane_s_figures() -> None:
     assert m.network_null is not None
     shared, both = calibrate(replace(m, network_null=None), job), calibrate(m, job)
     # the shared-memory figures are what they were without the run over gRPC
-    no_network = {"network_stream_cpu_s_per_byte": None, "network_link_bandwidth": None, "notes": ()}
-    assert replace(both, **no_network) == replace(shared, notes=())
+    no_network = replace(both, network_stream_cpu_s_per_byte=None, network_link_bandwidth=None, notes=())
+    assert no_network == replace(shared, notes=())
     # as for shared memory: 3.1 CPU-s per step, less the update and the compute, over 1.6e9 bytes x links
     compute = 9.0 * 0.9 / 9e9
     assert both.network_stream_cpu_s_per_byte == pytest.approx((3.1 - 1.0 - compute) / 1.6e9)

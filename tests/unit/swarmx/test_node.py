@@ -4,6 +4,7 @@ exact and in child order whatever the order of arrival."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from numpy.testing import assert_array_equal
 
 from tests.swarmx_fakes import FakeUpstream, TrickleUpstream
-from weightstream.swarmx.node import SwarmNodeLogic, sum_in_order
+from weightstream.swarmx.node import SwarmNodeLogic, Unit, sum_in_order
 
 
 def test_broadcast_fetches_once_per_unit_and_pass_for_all_children() -> None:
@@ -40,7 +41,7 @@ def test_broadcast_is_cut_through_each_piece_goes_down_as_it_arrives() -> None:
 
 def test_broadcast_error_reaches_every_child_and_a_stalled_upstream_times_out() -> None:
     class Failing(FakeUpstream):
-        def fetch_unit(self, step: int, unit: int, pass_: int):  # type: ignore[no-untyped-def]
+        def fetch_unit(self, step: int, unit: int, pass_: int) -> Iterator[Unit]:
             yield "first"
             raise ConnectionError("memoryx-0 went away")
 
@@ -60,7 +61,7 @@ def test_broadcast_error_reaches_every_child_and_a_stalled_upstream_times_out() 
 
 @pytest.mark.parametrize("children", [1, 2, 3, 7, 16])
 def test_reduce_is_exact_and_independent_of_arrival_order(children: int, rng) -> None:
-    grads = [
+    grads: list[Mapping[str, np.ndarray]] = [
         {
             "a": rng.standard_normal(50).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3)),
             "b": rng.standard_normal((4, 4)).astype(np.float32),

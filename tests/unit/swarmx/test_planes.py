@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import weightstream.transport.peers as peers
-from tests.role_jobs import DirectContext, tiny_role_job
+from tests.role_jobs import arena_tag, direct_context, tiny_role_job
 from weightstream.proto import weightstream_pb2 as pb
-from weightstream.role import RoleHost, shm_tag
+from weightstream.role import RoleHost
 from weightstream.swarmx import service as swarmx_service
 from weightstream.transport.plane import NETWORK, SHARED_MEMORY, NetworkPlane
 from weightstream.transport.shm import REFERENCES_ONLY, SharedArena
@@ -35,15 +35,15 @@ def test_weights_in_shared_memory_go_inline_to_a_child_on_the_network(
     tmp_path: Path, child: str, inline: bool
 ) -> None:
     host, job = _root(tmp_path)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     w = arena.empty((256,))
     w[...] = np.arange(256, dtype=np.float32)
     header = list(tensor_messages([("w", w)], shm=REFERENCES_ONLY))  # what MemoryX on this host answers
-    logic = host.logic(DirectContext())
+    logic = host.logic(direct_context())
     assert logic.upstream.reader.kind == SHARED_MEMORY
     logic.upstream.fetch_unit = lambda step, unit, pass_: iter(header)
     servicer = swarmx_service.SwarmXServicer(host)
-    got = list(servicer.GetUnit(pb.UnitRequest(step=0, unit=1, phase=0), DirectContext(child)))
+    got = list(servicer.GetUnit(pb.UnitRequest(step=0, unit=1, phase=0), direct_context(child)))
     if inline:  # a child on another host reads every byte from the stream
         assert sum(map(len, got)) > w.nbytes
         _, out = NetworkPlane().read(iter(got))
@@ -61,7 +61,7 @@ def test_a_single_childs_gradients_go_up_inline_to_shards_on_the_network(
     out of the child's memfd here and pushed to the shards in the stream."""
     monkeypatch.setattr(peers, "ask_peer", lambda address, token: pb.HealthReply(host="elsewhere/b/1"))
     host, job = _root(tmp_path)
-    logic = host.logic(DirectContext())
+    logic = host.logic(direct_context())
     assert not logic.upstream.shares_memory and logic.children.kind == SHARED_MEMORY
     received: list[bytes] = []
 
@@ -72,11 +72,11 @@ def test_a_single_childs_gradients_go_up_inline_to_shards_on_the_network(
     logic.upstream.push = [push] * len(logic.upstream.planes)
     name = logic.upstream.model.units[1].param_names[0]
     g = np.full(logic.upstream.model.specs[name].shape, 0.25, np.float32)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     with arena.lease() as scratch:
         msgs = list(tensor_messages([(name, g)], pb.StreamHead(step=0, unit=1, sender=0), shm=scratch))
         assert references_only(msgs) is not None
-        swarmx_service.SwarmXServicer(host).PushGradients(iter(msgs), DirectContext(SHARED_MEMORY))
+        swarmx_service.SwarmXServicer(host).PushGradients(iter(msgs), direct_context(SHARED_MEMORY))
     assert references_only(received) is None
     _, out = NetworkPlane().read(iter(received))
     np.testing.assert_array_equal(out[name], g)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import weightstream.transport.tensors as tensors_module
-from tests.role_jobs import DirectContext, tiny_role_job
+from tests.role_jobs import arena_tag, direct_context, tiny_role_job
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -44,7 +44,7 @@ def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[
 
         return push
 
-    host.logic(DirectContext()).upstream.push = [receiver(s) for s in received]
+    host.logic(direct_context()).upstream.push = [receiver(s) for s in received]
     return host, job, model_def(params), received
 
 
@@ -65,7 +65,7 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host, job, model, received = _swarmx(tmp_path, num_csx=1)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     plan = make_plan(load_params(job.params))
     # a unit whose tensors lie on both shards: each must get exactly its own
     unit = next(
@@ -81,7 +81,7 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
 
     monkeypatch.setattr(tensors_module, "attach", no_mapping)
     servicer = swarmx_service.SwarmXServicer(host)
-    servicer.PushGradients(iter(messages), DirectContext())
+    servicer.PushGradients(iter(messages), direct_context())
     monkeypatch.undo()
 
     for shard, got in received.items():
@@ -104,14 +104,14 @@ def test_a_single_child_nodes_gradients_reach_memoryx_as_the_workers_own_header(
 
 def test_a_corrupt_gradient_passed_on_is_still_caught_at_memoryx(tmp_path: Path) -> None:
     host, job, model, received = _swarmx(tmp_path, num_csx=1)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     messages, _ = _worker_push(job, model, arena, 1)
     sent = references_only(messages)
     assert sent is not None
     _, header = sent
     header.tensors[0].xxh3 ^= 1  # as if the bytes had changed on the way
     bad = [tensors_module.header_message(header)]
-    swarmx_service.SwarmXServicer(host).PushGradients(iter(bad), DirectContext())  # passed on unchecked
+    swarmx_service.SwarmXServicer(host).PushGradients(iter(bad), direct_context())  # passed on unchecked
     got = [m for msgs in received.values() for m in msgs]
     with pytest.raises(ChecksumError, match=header.tensors[0].name):
         for m in got:
@@ -124,7 +124,7 @@ def test_a_node_with_two_children_still_sums_and_inline_bytes_are_still_read(tmp
     """Two children: each push is read and the sum goes up in SwarmX's own memfd. One child sending its
     bytes inline (the gRPC plane's form) is read and checked here as before."""
     host, job, model, received = _swarmx(tmp_path, num_csx=2)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     servicer = swarmx_service.SwarmXServicer(host)
     name = model.units[1].param_names[0]
     g = {name: np.full(model.specs[name].shape, 0.5, np.float32)}
@@ -132,7 +132,7 @@ def test_a_node_with_two_children_still_sums_and_inline_bytes_are_still_read(tmp
         head = pb.StreamHead(step=0, unit=1, sender=child)
         with arena.lease() as scratch:
             msgs = list(tensor_messages(g.items(), head, shm=scratch if child == 0 else None))
-            servicer.PushGradients(iter(msgs), DirectContext())
+            servicer.PushGradients(iter(msgs), direct_context())
     got = [m for msgs in received.values() for m in msgs]
     _, out = read_messages(got, shm_tag(job))
     np.testing.assert_array_equal(out[name], np.full(model.specs[name].shape, 1.0, np.float32))
@@ -169,7 +169,7 @@ def test_an_inner_node_passes_the_header_to_its_parent_as_its_own_child_slot() -
     plane = SharedMemoryPlane("t" * 24)
     up = swarmx_service.ParentUpstream("127.0.0.1:1", 3, 5.0, False, "swarmx-0", "c" * 64, 0, plane)
     got: list[bytes] = []
-    up.push = lambda messages, timeout: got.extend(messages)
+    up.push = lambda messages, timeout: got.extend(messages)  # type: ignore[assignment]  # in place of the gRPC call
     arena = SharedArena("t" * 24)
     with arena.lease() as scratch:
         msgs = list(

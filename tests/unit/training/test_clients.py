@@ -49,6 +49,11 @@ class Stub:
         return unary
 
 
+def _stubs(n: int, calls: list[tuple[str, int, Any, float]], answer: Callable[..., Any]) -> list[Any]:
+    """``n`` Stubs, where a client takes the generated stubs they stand in for."""
+    return [Stub(i, calls, answer) for i in range(n)]
+
+
 class FanOut:
     """``RolePlane.all``'s stand-in: runs ``fn(i)`` for every stub in order; records (kind, deadline,
     watch) of each fan-out."""
@@ -75,7 +80,7 @@ def _answer(method: str, i: int) -> Any:
 def test_memoryx_calls_reach_every_shard_with_the_deadline_and_reply_in_shard_order() -> None:
     calls: list[tuple[str, int, Any, float]] = []
     fan_out = FanOut(3)
-    memoryx = MemoryXClient([Stub(i, calls, _answer) for i in range(3)], fan_out, DEADLINE_S)
+    memoryx = MemoryXClient(_stubs(3, calls, _answer), fan_out, DEADLINE_S)
     assert memoryx.grad_norm_sq(4) == [1.0, 2.0, 3.0]
     memoryx.apply_update(4, 1e-3, 0.5, watch=False)
     replies = memoryx.save_checkpoint(5, "/ckpt/tmp", weights_only=True)
@@ -97,7 +102,7 @@ def test_memoryx_calls_reach_every_shard_with_the_deadline_and_reply_in_shard_or
 def test_worker_calls_reach_every_worker_with_the_deadline_and_reply_in_worker_order() -> None:
     calls: list[tuple[str, int, Any, float]] = []
     fan_out = FanOut(2)
-    workers = WorkerClient([Stub(i, calls, _answer) for i in range(2)], fan_out, DEADLINE_S)
+    workers = WorkerClient(_stubs(2, calls, _answer), fan_out, DEADLINE_S)
     assert [r.loss for r in workers.run_step(9)] == [0.0, 0.5]
     assert workers.evaluate(10, num_batches=3) == [0.0, 0.25]
     assert [(m, i, r, t) for m, i, r, t in calls] == [
@@ -124,7 +129,7 @@ def test_a_failed_call_is_a_role_fault_naming_the_role_and_the_call() -> None:
     plane = RolePlane(NoFailures(), Counts(), {"runconfig": {}}, "job", "t" * 64, DEADLINE_S)  # type: ignore[arg-type]
     try:
         answer = lambda m, i: Failed() if i == 1 else _answer(m, i)  # noqa: E731
-        plane.memoryx = MemoryXClient([Stub(i, [], answer) for i in range(2)], plane.all, DEADLINE_S)
+        plane.memoryx = MemoryXClient(_stubs(2, [], answer), plane.all, DEADLINE_S)
         with pytest.raises(
             RoleFault, match=r"^ApplyUpdate to memoryx-1 failed: UNAVAILABLE: connection refused$"
         ):

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -150,6 +150,11 @@ class _Context:
         raise RuntimeError(details)
 
 
+def _servicer(ctx: _Context) -> grpc.ServicerContext:
+    """``ctx`` where RoleHost.logic takes a ``grpc.ServicerContext``: it has the methods logic calls."""
+    return cast(grpc.ServicerContext, ctx)
+
+
 class _Logic:
     def __init__(self, job: JobSpec) -> None:
         self.job, self.closed = job, False
@@ -165,13 +170,13 @@ def _job(generation: int, keep: bool = False) -> JobSpec:
 def test_the_host_rebuilds_its_logic_per_generation_and_refuses_other_generations() -> None:
     host = RoleHost("worker", _Logic, "0" * 64)
     host.configure(_job(0))
-    first = host.logic(_Context(None))  # no metadata: generation 0
+    first = host.logic(_servicer(_Context(None)))  # no metadata: generation 0
     host.configure(_job(1))
-    second = host.logic(_Context(1))
+    second = host.logic(_servicer(_Context(1)))
     assert second is not first and first.closed and not second.closed
     ctx = _Context(0)
     with pytest.raises(RuntimeError, match="generation 0 refused"):
-        host.logic(ctx)
+        host.logic(_servicer(ctx))
     assert ctx.aborted is not None and ctx.aborted[0] == grpc.StatusCode.ABORTED
 
 
@@ -184,11 +189,11 @@ def test_a_reconfigure_hook_keeps_the_logic() -> None:
 
     host = RoleHost("worker", _Logic, "0" * 64, keep)
     host.configure(_job(0))
-    first = host.logic(_Context(0))
+    first = host.logic(_servicer(_Context(0)))
     host.configure(_job(1, keep=True))
-    assert host.logic(_Context(1)) is first and not first.closed
+    assert host.logic(_servicer(_Context(1))) is first and not first.closed
     host.configure(_job(2, keep=False))
-    assert host.logic(_Context(2)) is not first and first.closed
+    assert host.logic(_servicer(_Context(2))) is not first and first.closed
     assert [j.generation for j in kept] == [1, 2]
 
 

@@ -14,6 +14,7 @@ from numpy.testing import assert_array_equal
 
 import weightstream.transport.peers as peers
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import ControlServicer, RoleHost
 from weightstream.transport.errors import ChecksumError, ProtocolError
 from weightstream.transport.plane import (
@@ -76,7 +77,7 @@ def role() -> Iterator[tuple[str, RoleHost]]:
     """A role's Control service with its probe, listening on loopback."""
     host = RoleHost("memoryx", lambda job: None, TOKEN, probe=peers.MemfdProbe(TAG))
     server, port = create_server(
-        "127.0.0.1:0", lambda s: peers.rpc.add_ControlServicer_to_server(ControlServicer(host), s)
+        "127.0.0.1:0", lambda s: rpc.add_ControlServicer_to_server(ControlServicer(host), s)
     )
     yield f"127.0.0.1:{port}", host
     server.stop(None)

@@ -157,6 +157,8 @@ def test_workers_keep_gradient_memfds_only_over_the_memory_store_without_a_budge
     builds it."""
     job = tiny_role_job(tmp_path, "worker", memoryx_storage=storage, worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
+    assert isinstance(engine.units, worker_service.SwarmParent)
+    assert isinstance(engine.units.plane, SharedMemoryPlane)
     kept = engine.units.plane.kept
     assert (kept is not None) is keeps
     if kept is not None:
@@ -170,7 +172,7 @@ def test_workers_keep_gradient_memfds_only_over_the_memory_store_without_a_budge
         assert loc is not None
         memfds.append(os.stat(f"/proc/self/fd/{loc.fd}").st_ino)
 
-    engine.units._push = receiver
+    engine.units._push = receiver  # type: ignore[assignment]  # a receiver in place of the gRPC call
     for step in range(3):
         engine.units.push_grads(step, 1, {"g": np.full((1000,), float(step), np.float32)})
     assert len(set(memfds)) == (1 if keeps else 3)
@@ -212,6 +214,8 @@ def test_the_swarmx_root_keeps_a_memfd_per_unit_and_shard_for_its_sums(
     params = load_params(job.params)
     plan = make_plan(params)
     logic = swarmx_service.build(job)
+    assert isinstance(logic.upstream, swarmx_service.MemoryXUpstream)
+    assert isinstance(logic.upstream.planes[0], SharedMemoryPlane)
     assert (logic.upstream.planes[0].kept is not None) is keeps
     received: list[tuple[int, float]] = []
 
@@ -222,7 +226,7 @@ def test_the_swarmx_root_keeps_a_memfd_per_unit_and_shard_for_its_sums(
             assert loc is not None
             received.append((os.stat(f"/proc/self/fd/{loc.fd}").st_ino, float(arr.reshape(-1)[0])))
 
-    logic.upstream.push = [receiver] * plan.num_wgt_servers
+    logic.upstream.push = [receiver] * plan.num_wgt_servers  # type: ignore[list-item]  # receivers in place of the gRPC calls
     model = model_def(params)
     name = model.units[1].param_names[0]
     shape = model.specs[name].shape

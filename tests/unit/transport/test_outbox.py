@@ -8,7 +8,7 @@ from weightstream.transport.outbox import ID_BYTES, Filling, Outbox
 
 
 def _parts(*sizes: int) -> list[memoryview]:
-    return [memoryview(np.full(n, i, dtype=np.uint8)) for i, n in enumerate(sizes)]
+    return [np.full(n, i, dtype=np.uint8).data for i, n in enumerate(sizes)]
 
 
 def test_a_payload_is_parked_under_a_fresh_random_id_with_its_total() -> None:

@@ -61,7 +61,7 @@ def test_bytes_are_checked_on_the_shared_memory_path_too() -> None:
 
 def test_fresh_arrays_are_copied_once_into_scratch_that_the_lease_closes() -> None:
     arena = SharedArena(TAG)
-    grads = {
+    grads: dict[str, np.ndarray] = {
         "a": np.full((1000,), 3.0, np.float32),
         "b": np.arange(10, dtype=np.int64),
         "c": np.zeros(0, np.float32),

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.role_jobs import tiny_role_job
-from weightstream.role import shm_tag
+from tests.role_jobs import arena_tag, tiny_role_job
 from weightstream.transport.errors import ChecksumError, ProtocolError
+from weightstream.transport.plane import SharedMemoryPlane
 from weightstream.transport.shm import REFERENCES_ONLY, SharedArena, job_tag, locate
 from weightstream.transport.shm_cache import MappingCache
 from weightstream.transport.tensors import read_messages, tensor_messages
@@ -109,12 +109,14 @@ def test_workers_keep_weight_mappings_only_without_a_memory_budget(
     keeps none, so what it holds stays one unit or two, as the budget assumes."""
     job = tiny_role_job(tmp_path, "worker", worker_memory_mb=budget_mb)
     engine = worker_service.build(job)
+    assert isinstance(engine.units, worker_service.SwarmParent)
+    assert isinstance(engine.units.plane, SharedMemoryPlane)
     cache = engine.units.plane.maps
     assert (cache is not None) is keeps
     if cache is not None:
         assert cache.capacity >= len(engine.model.specs)  # every weight's memfd stays mapped
     # its fetches (what SwarmX would answer: MemoryX's header naming a memfd of this job)
-    arena = SharedArena(shm_tag(job))
+    arena = SharedArena(arena_tag(job))
     w = arena.empty((64,))
     w[...] = 3.0
     header = list(tensor_messages([("w", w)], shm=REFERENCES_ONLY))

@@ -84,7 +84,8 @@ def test_segments_concatenate(rng) -> None:
     b = [("b", rng.integers(0, 9, 4)), ("c", np.zeros(0, np.float32))]
     head, out = T.read_messages([*T.tensor_messages(a, pb.StreamHead(step=2)), *T.tensor_messages(b)])
     assert head is not None and head.step == 2 and list(out) == ["a", "b", "c"]
-    assert_array_equal(out["a"], a[0][1]) and assert_array_equal(out["b"], b[0][1])
+    assert_array_equal(out["a"], a[0][1])
+    assert_array_equal(out["b"], b[0][1])
 
 
 def test_known_checksums_are_trusted_only_for_unconverted_tensors(rng) -> None:

@@ -100,7 +100,7 @@ def test_the_second_unit_is_asked_for_with_the_first_at_a_steps_start() -> None:
             waited.append(second.wait(10))
         return get_unit(step, u, phase)
 
-    units.get_unit = unit  # type: ignore[method-assign]
+    units.get_unit = unit  # type: ignore[method-assign,assignment]  # the test's fetch in place of the fake's
     step_of(units)
     assert waited == [True], "unit 1 was asked for only after unit 0 had arrived"
     assert units.max_live == 2
@@ -125,7 +125,7 @@ def test_the_first_units_weights_are_asked_for_before_the_batch() -> None:
         order.append("batch")
         return get_batch(*args)
 
-    units.get_unit, batches.get = unit, batch  # type: ignore[method-assign]
+    units.get_unit, batches.get = unit, batch  # type: ignore[method-assign,assignment]  # the test's, in their place
     step_of(units, batches)
     assert order == ["unit", "batch"]
 
@@ -146,7 +146,7 @@ def test_backwards_first_streamed_unit_is_asked_for_before_backward_begins() -> 
     head = MODEL.units[L - 1]
 
     class WaitingHead:
-        param_names = head.param_names
+        name, param_names = head.name, head.param_names
 
         def forward(self, *args: Any) -> Any:
             return head.forward(*args)
@@ -156,7 +156,7 @@ def test_backwards_first_streamed_unit_is_asked_for_before_backward_begins() -> 
             return head.backward(*args)
 
     model = dataclasses.replace(MODEL, units=(*MODEL.units[:-1], WaitingHead()))
-    units.get_unit = unit  # type: ignore[method-assign]
+    units.get_unit = unit  # type: ignore[method-assign,assignment]  # the test's fetch in place of the fake's
     step_of(units, model=model)
     assert (STEP, L - 2, BACKWARD) in units.fetches and units.max_live == 2
 
@@ -259,7 +259,7 @@ def test_a_step_failing_part_way_lets_go_of_every_unit_it_held(
     def loss(*args: Any, **kw: Any) -> Any:
         raise FloatingPointError("the loss overflowed")
 
-    units.get_unit = unit  # type: ignore[method-assign]
+    units.get_unit = unit  # type: ignore[method-assign,assignment]  # the test's fetch in place of the fake's
     monkeypatch.setattr(engine_module, "cross_entropy_forward", loss)
     try:
         with pytest.raises(FloatingPointError) as failed:

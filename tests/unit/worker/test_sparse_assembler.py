@@ -37,9 +37,11 @@ def test_values_and_index_become_a_sparse_weight_whose_structure_is_reused(rng) 
     assert np.array_equal(w.dense(), dense.reshape(32, 64))
     next_step = {**first, C_FC: rng.standard_normal(200).astype(np.float32)}  # same mask, new values
     w2 = assemble(next_step)[C_FC]
+    assert isinstance(w2, SparseWeight)
     assert w2._s is w._s and np.array_equal(w2.values, next_step[C_FC])  # structure reused
     other = _wire(rng, 200)  # another mask of the same size: rebuilt, not reused
     w3 = assemble(other)[C_FC]
+    assert isinstance(w3, SparseWeight)
     assert w3._s is not w._s and not np.array_equal(w3.positions, w.positions)
 
 
