@@ -12,6 +12,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from tests.integration.appliance import weightstream_cmd
+from tests.waiting import wait_until
 
 
 def start_run(params: Path, model_dir: Path) -> subprocess.Popen[str]:
@@ -30,6 +31,11 @@ def steps_logged_while_running(proc: subprocess.Popen[str], model_dir: Path) -> 
     """``steps_logged``, failing the test if the run has ended: for a wait on the run's progress."""
     assert proc.poll() is None, proc.communicate()
     return steps_logged(model_dir)
+
+
+def wait_for_step(proc: subprocess.Popen[str], model_dir: Path, step: int, timeout: float = 120) -> None:
+    """Return once the run has logged ``step`` steps; fail the test if it ends first or takes ``timeout``."""
+    wait_until(lambda: steps_logged_while_running(proc, model_dir) >= step, f"step {step}", timeout)
 
 
 def role_pid(model_dir: Path, role: str) -> int:

@@ -24,6 +24,7 @@ from tests.integration.faults import (
     role_pid,
     start_run,
     steps_logged_while_running,
+    wait_for_step,
 )
 from tests.waiting import wait_until
 
@@ -76,7 +77,7 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     struck: list[int] = []
     try:
         for step, role, sig in SCHEDULE:
-            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            wait_for_step(proc, model_dir, step)
             pid = role_pid(model_dir, role)
             os.kill(pid, sig)
             struck.append(pid)
@@ -123,7 +124,7 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     stopped = [(30, "memoryx-1"), (70, "worker-0")]
     try:
         for step, role in stopped:
-            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            wait_for_step(proc, model_dir, step)
             os.kill(role_pid(model_dir, role), signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:

@@ -23,10 +23,9 @@ from tests.integration.faults import (
     logged_losses,
     role_pid,
     start_run,
-    steps_logged_while_running,
+    wait_for_step,
 )
 from tests.params_files import SPARSE_GPT2
-from tests.waiting import wait_until
 from weightstream.numerics import ModelDef
 from weightstream.numerics.sparse import use_sparse_kernels
 from weightstream.numerics.sparse_masks import kept_count
@@ -213,7 +212,7 @@ def test_a_sparse_job_survives_a_lost_memoryx_and_worker_bitwise(tmp_path: Path,
     proc = start_run(params, model_dir)
     try:
         for step, role in ((12, "memoryx-1"), (21, "worker-0")):
-            wait_until(lambda s=step: steps_logged_while_running(proc, model_dir) >= s, f"step {step}", 120)
+            wait_for_step(proc, model_dir, step)
             os.kill(role_pid(model_dir, role), signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import threading
 import time
@@ -53,9 +54,8 @@ def test_creates_owned_objects_reports_placement_and_cleans_up(fake: FakeKuberne
         for p in pods:
             seen = len(progress)
             fake.set_pod_status(p["metadata"]["name"], running_ready())
-            wait_until(
-                lambda s=seen: len(progress) > s, f"the backend to see {p['metadata']['name']} ready", 10
-            )
+            seen_more = functools.partial(lambda n: len(progress) > n, seen)
+            wait_until(seen_more, f"the backend to see {p['metadata']['name']} ready", 10)
 
     t = threading.Thread(target=kubelet)
     t.start()

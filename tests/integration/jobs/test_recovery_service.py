@@ -5,6 +5,7 @@ the events (REST server-sent events and gRPC WatchJob alike), `wsctl submit --fo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -72,7 +73,8 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
             model_dir = Path(job.info()["params"]["runconfig"]["model_dir"])
             killed: dict[str, int] = {}
             for role, after in VICTIMS:
-                wait_until(lambda a=after: logged_steps(model_dir) >= a, f"step {after}", 60, poll_s=0.02)
+                reached = functools.partial(lambda n: logged_steps(model_dir) >= n, after)
+                wait_until(reached, f"step {after}", 60, poll_s=0.02)
                 pid = json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed[role] = pid

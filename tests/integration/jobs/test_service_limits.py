@@ -3,6 +3,7 @@ runs out of time with a clear message, old checkpoints go, and cancel at any mom
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
@@ -139,6 +140,9 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
             with lock:
                 codes.append(r.status_code)
 
+        def ended(job_id: str) -> bool:
+            return client.get(f"/v1/jobs/{job_id}").json()["status"] in ("succeeded", "cancelled", "failed")
+
         for delays in ([0.0, 0.0], [0.02, 0.05], [0.1, 0.2], [0.3, 0.5], [0.8, 1.2], [1.5, 2.0]):
             threads = []
             for d in delays:
@@ -154,12 +158,7 @@ def test_cancel_at_any_moment_is_never_a_server_error(tmp_path: Path) -> None:
             for t in threads:
                 t.join(timeout=60)
             for job_id in jobs[-len(delays) :]:
-                wait_for(
-                    lambda j=job_id: (
-                        client.get(f"/v1/jobs/{j}").json()["status"] in ("succeeded", "cancelled", "failed")
-                    ),
-                    f"job {job_id} to end",
-                )
+                wait_for(functools.partial(ended, job_id), f"job {job_id} to end")
         assert codes and set(codes) <= {200, 409}, codes
         statuses = [client.get(f"/v1/jobs/{j}").json() for j in jobs]
         assert all(s["status"] in ("succeeded", "cancelled") for s in statuses), [
