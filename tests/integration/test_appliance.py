@@ -129,14 +129,24 @@ def _checkpoint_bytes(model_dir: Path, step: int) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in sorted((model_dir / f"checkpoint_{step}").glob("*.safetensors"))}
 
 
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-worker, 4-step run in the default modes, once for every mode compared with it."""
+    tmp = tmp_path_factory.mktemp("base")
+    r = run(write_params(tmp, max_steps=4), tmp / "base", "--num_csx", "2")
+    assert r.returncode == 0, r.stderr
+    return tmp / "base"
+
+
 @pytest.mark.parametrize(
     "mode",
     [{"execution_mode": "pipelined"}, {"memoryx_storage": "disk"}, {"data_plane": "grpc"}],
     ids=["pipelined", "disk-backed-memoryx", "grpc-data-plane"],  # the base run uses shared memory
 )
-def test_modes_that_must_not_change_a_single_bit(tmp_path: Path, mode: dict[str, str]) -> None:
-    base = tmp_path / "base"
-    assert run(write_params(tmp_path, max_steps=4), base, "--num_csx", "2").returncode == 0
+def test_modes_that_must_not_change_a_single_bit(
+    tmp_path: Path, base_run: Path, mode: dict[str, str]
+) -> None:
+    base = base_run
     other = tmp_path / "other"
     r = run(write_params(tmp_path, max_steps=4, **mode), other, "--num_csx", "2")
     assert r.returncode == 0, r.stderr
