@@ -43,6 +43,7 @@ def test_llama_learns_on_two_workers_and_loads_in_hugging_face(tmp_path: Path) -
     assert_allclose(hf, evals[120], rtol=1e-4)
 
 
+@pytest.mark.slow  # ~14 s; the default run keeps Llama's numerics (unit) and GPT-2's node-count checks
 def test_llama_equals_the_reference_at_one_and_four_workers(tmp_path: Path) -> None:
     params_path = write_llama_params(tmp_path, max_steps=6)
     trainer = ReferenceTrainer(load_params(params_path), num_shards=1)
