@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,8 @@ from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.memoryx.state import ShardState
 from weightstream.memoryx.store import TensorStore
+from weightstream.numerics import ModelDef
+from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.sparsity import sparsity_specs
 
@@ -21,13 +24,33 @@ from weightstream.params.sparsity import sparsity_specs
 WAIT_S = 10.0
 
 
-def tiny_shard(raw: dict[str, Any] = TINY, timeout_s: float = 10) -> tuple[MemoryXShard, Any]:
-    """A memory-mode shard holding every tensor of ``raw``'s model (sparse if it says so), and the model."""
+def tiny_shard(
+    raw: dict[str, Any] = TINY,
+    timeout_s: float = 10,
+    storage: Path | None = None,
+    resume: Path | None = None,
+) -> tuple[MemoryXShard, ModelDef]:
+    """A shard holding every tensor of ``raw``'s model (sparse if it says so), and the model: in memory, or
+    on disk in ``storage``; seeded (7), or loaded from the checkpoint ``resume``."""
     p = load_params(raw)
     model = model_def(p)
-    specs = sparsity_specs(p, model) if p.sparsity is not None else None
-    opt = optimizer_config(p.optimizer)
-    return MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=timeout_s, sparsity=specs), model
+    shard = MemoryXShard(
+        model,
+        optimizer_config(p.optimizer),
+        list(model.specs),
+        seed=7,
+        timeout_s=timeout_s,
+        resume_dir=None if resume is None else str(resume),
+        storage_dir=storage,
+        sparsity=tiny_sparsity(raw, model),
+    )
+    return shard, model
+
+
+def tiny_sparsity(raw: dict[str, Any], model: ModelDef) -> dict[str, SparsitySpec] | None:
+    """The sparsity of each tensor of ``model`` that ``raw`` asks for (None: dense)."""
+    p = load_params(raw)
+    return sparsity_specs(p, model) if p.sparsity is not None else None
 
 
 def tiny_state(store: TensorStore, raw: dict[str, Any] = TINY) -> ShardState:

@@ -13,19 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.params_files import TINY
+from tests.memoryx_shards import tiny_shard
 from weightstream.memoryx import grad_sums
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics.optim import grad_sq_sum
-from weightstream.params import load_params, model_def, optimizer_config
-
-
-def _shard(storage: Path | None = None) -> tuple[MemoryXShard, Any]:
-    p = load_params(TINY)
-    model = model_def(p)
-    opt = optimizer_config(p.optimizer)
-    shard = MemoryXShard(model, opt, list(model.specs), seed=7, timeout_s=10, storage_dir=storage)
-    return shard, model
 
 
 def _grads(model: Any, seed: int) -> list[dict[str, np.ndarray]]:
@@ -44,7 +35,7 @@ def _feed(
 
 
 def test_the_norm_has_the_same_bits_whatever_the_arrival_order_and_the_store(tmp_path: Path) -> None:
-    model = _shard()[1]
+    model = tiny_shard()[1]
     grads = _grads(model, 3)
     units = list(range(len(model.units)))
     expected = 0.0  # every tensor's whole gradient (a tied one's parts added in unit order), in order
@@ -56,7 +47,7 @@ def test_the_norm_has_the_same_bits_whatever_the_arrival_order_and_the_store(tmp
         expected += grad_sq_sum(whole)
     sums = []
     for storage, order in ((None, units), (None, units[::-1]), (tmp_path / "disk", units)):
-        shard, _ = _shard(storage)
+        shard, _ = tiny_shard(storage=storage)
         _feed(shard, 0, grads, order)
         sums.append(shard.grad_sq_sum(0))
         shard.close()
@@ -69,7 +60,7 @@ def test_each_complete_gradient_is_summed_in_the_background_before_the_norm_is_a
     """The tied embedding's parts too: its last part (the embedding's, the last of backward) starts the
     addition and its sum of squares, before anybody asks for the norm. Its sum is then the parts added in
     unit order, bitwise, and the parts are let go once the norm is taken."""
-    shard, model = _shard()
+    shard, model = tiny_shard()
     done: list[str] = []  # the thread each sum of squares ran in
     original = grad_sums.sq_sum_of
 
@@ -99,13 +90,13 @@ def test_each_complete_gradient_is_summed_in_the_background_before_the_norm_is_a
 
 
 def test_sums_of_an_interrupted_step_are_not_used_after_a_reset() -> None:
-    shard, model = _shard()
+    shard, model = tiny_shard()
     order = list(range(len(model.units)))
     _feed(shard, 0, _grads(model, 5), order)  # the attempt a fault interrupts
     shard.reset(1)
     again = _grads(model, 6)
     _feed(shard, 0, again, order, generation=1)
-    fresh, _ = _shard()
+    fresh, _ = tiny_shard()
     _feed(fresh, 0, again, order)
     assert shard.grad_sq_sum(0, generation=1) == fresh.grad_sq_sum(0)
     shard.close()

@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.memoryx_shards import tiny_shard, tiny_sparsity
 from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
+from weightstream.numerics import ModelDef
+from weightstream.numerics.sparse_masks import SparsitySpec
 from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.params.sparsity import sparsity_specs
 from weightstream.transport.shm import SharedArena
@@ -28,13 +31,12 @@ def _params(sparsity: dict[str, Any]) -> dict[str, Any]:
     return {**TINY, "sparsity": {"algorithm": "gmp", "init_method": "topk", **sparsity}}
 
 
-def _shard(raw: dict[str, Any], storage: Path | None) -> tuple[MemoryXShard, Any, dict]:
-    p = load_params(raw)
-    model = model_def(p)
-    specs = sparsity_specs(p, model)
-    shard = MemoryXShard(
-        model, optimizer_config(p.optimizer), list(model.specs), 7, 2, storage_dir=storage, sparsity=specs
-    )
+def _shard(
+    raw: dict[str, Any], storage: Path | None
+) -> tuple[MemoryXShard, ModelDef, dict[str, SparsitySpec]]:
+    shard, model = tiny_shard(raw, timeout_s=2, storage=storage)
+    specs = tiny_sparsity(raw, model)
+    assert specs is not None
     return shard, model, specs
 
 

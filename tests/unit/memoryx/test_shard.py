@@ -10,24 +10,15 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from tests.memoryx_shards import tiny_shard
 from tests.params_files import TINY
-from weightstream.memoryx.shard import MemoryXShard, StaleStepError
-from weightstream.numerics import ModelDef
+from weightstream.memoryx.shard import StaleStepError
 from weightstream.numerics.optim import clip_coefficient
-from weightstream.params import load_params, model_def, optimizer_config
-
-
-def _shard(storage: Path | None = None, timeout_s: float = 2) -> tuple[MemoryXShard, ModelDef]:
-    p = load_params(TINY)
-    model = model_def(p)
-    opt = optimizer_config(p.optimizer)
-    return MemoryXShard(
-        model, opt, list(model.specs), seed=7, timeout_s=timeout_s, storage_dir=storage
-    ), model
+from weightstream.params import load_params, optimizer_config
 
 
 def test_memoryx_step_protocol(rng, storage: Path | None) -> None:
-    shard, model = _shard(storage)
+    shard, model = tiny_shard(timeout_s=2, storage=storage)
     before = {n: w.copy() for n, w in shard.tensors(0, list(model.specs))}
     for u, unit in enumerate(model.units):
         shard.add_gradient(
@@ -48,7 +39,9 @@ def test_memoryx_step_protocol(rng, storage: Path | None) -> None:
 def test_memoryx_waits_for_every_gradient_including_both_uses_of_a_tied_tensor(
     rng, storage: Path | None
 ) -> None:
-    shard, model = _shard(storage, timeout_s=0.2)  # it times out: how long it waits is not the point
+    shard, model = tiny_shard(
+        timeout_s=0.2, storage=storage
+    )  # it times out: how long it waits is not the point
     for u, unit in enumerate(model.units[:-1]):  # the head's gradient (with its share of wte) is missing
         shard.add_gradient(0, u, {n: np.ones(model.specs[n].shape, np.float32) for n in unit.param_names})
     with pytest.raises(TimeoutError, match=r"transformer.wte.weight.*\[3\]"):
@@ -69,7 +62,7 @@ def test_memoryx_apply_update_matches_torch_adamw_for_two_steps(rng, storage: Pa
     torch = pytest.importorskip(
         "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
     )
-    shard, model = _shard(storage)
+    shard, model = tiny_shard(timeout_s=2, storage=storage)
     opt = optimizer_config(load_params(TINY).optimizer)
     assert (opt.kind, opt.betas, opt.weight_decay) == ("adamw", (0.9, 0.95), 0.01)  # what TINY asks for
     names = list(model.specs)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from tests.memoryx_shards import tiny_shard, tiny_sparsity
 from tests.params_files import TINY
 from weightstream.memoryx.shard import MemoryXShard
 from weightstream.numerics import ModelDef
@@ -30,14 +31,12 @@ SPARSE = {**TINY, "sparsity": {"sparsity": 0.75, "init_method": "random"}}
 C_FC = "transformer.h.0.mlp.c_fc.weight"
 
 
-def _shard(raw: dict[str, Any] = SPARSE, storage: Path | None = None, resume: Path | None = None) -> tuple:
-    p = load_params(raw)
-    model = model_def(p)
-    specs = sparsity_specs(p, model)
-    opt = optimizer_config(p.optimizer)
-    resume_dir = str(resume) if resume is not None else None
-    shard = MemoryXShard(model, opt, list(model.specs), 7, 2, resume_dir, storage_dir=storage, sparsity=specs)
-    return shard, model, specs
+def _shard(
+    raw: dict[str, Any] = SPARSE, storage: Path | None = None, resume: Path | None = None
+) -> tuple[MemoryXShard, ModelDef, dict[str, SparsitySpec]]:
+    """``tiny_shard`` of a sparse model, with its tensors' sparsity ({} for a dense model)."""
+    shard, model = tiny_shard(raw, timeout_s=2, storage=storage, resume=resume)
+    return shard, model, tiny_sparsity(raw, model) or {}
 
 
 def _positions(shard: MemoryXShard, name: str) -> np.ndarray:

@@ -13,11 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.params_files import TINY
+from tests.memoryx_shards import tiny_shard
 from weightstream.backends.base import RoleSpec
 from weightstream.checkpoint_layout import confine_checkpoint
-from weightstream.memoryx.shard import MemoryXShard
-from weightstream.params import load_params, model_def, optimizer_config
 from weightstream.plan import JobSpec
 from weightstream.role import RoleHost
 from weightstream.training.checkpoints import trim_metrics
@@ -84,18 +82,12 @@ def test_transient_errors_are_the_ones_a_new_attempt_may_cure() -> None:
 
 
 # -- generation fencing in a MemoryX shard ------------------------------------------------------------------
-def _shard() -> tuple[MemoryXShard, Any]:
-    p = load_params(TINY)
-    model = model_def(p)
-    return MemoryXShard(model, optimizer_config(p.optimizer), list(model.specs), seed=7, timeout_s=5), model
-
-
 def _grads(model: Any, unit: int, value: float = 1.0) -> dict[str, np.ndarray]:
     return {n: np.full(model.specs[n].shape, value, np.float32) for n in model.units[unit].param_names}
 
 
 def test_a_reset_shard_drops_the_interrupted_step_and_refuses_its_stragglers() -> None:
-    shard, model = _shard()
+    shard, model = tiny_shard(timeout_s=5)
     before = {n: w.copy() for n, w in shard.tensors(0, list(model.specs))}
     shard.add_gradient(0, 0, _grads(model, 0, 100.0), generation=0)  # the first attempt, interrupted
     shard.reset(1)
@@ -107,7 +99,7 @@ def test_a_reset_shard_drops_the_interrupted_step_and_refuses_its_stragglers() -
         shard.add_gradient(0, u, _grads(model, u), generation=1)
     assert shard.apply_update(0, 1e-3, 1.0, generation=1)
     # the weights equal a shard that only ever saw the re-run's gradients
-    clean, _ = _shard()
+    clean, _ = tiny_shard(timeout_s=5)
     for u in range(len(model.units)):
         clean.add_gradient(0, u, _grads(model, u))
     clean.apply_update(0, 1e-3, 1.0)
@@ -117,7 +109,7 @@ def test_a_reset_shard_drops_the_interrupted_step_and_refuses_its_stragglers() -
 
 
 def test_a_norm_waiting_in_the_old_generation_gives_up_at_the_reset() -> None:
-    shard, _ = _shard()
+    shard, _ = tiny_shard(timeout_s=5)
     errors: list[BaseException] = []
 
     def wait_norm() -> None:
