@@ -1,5 +1,5 @@
 """bench/chaos.py: its fault schedule, the arithmetic of its summary, and the comparison of two runs'
-checkpoints; the smoke run end to end is in tests/integration/test_bench_chaos.py."""
+checkpoints; the smoke run end to end is in tests/integration/bench/test_chaos.py."""
 
 from __future__ import annotations
 

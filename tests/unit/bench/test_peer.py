@@ -1,5 +1,5 @@
 """bench/peer.py's functions: its medians, its appliance step timing, and that the PyTorch peer computes the
-appliance's model. Runs of the script end to end are in tests/integration/test_bench_peer.py."""
+appliance's model. Runs of the script end to end are in tests/integration/bench/test_peer.py."""
 
 from __future__ import annotations
 

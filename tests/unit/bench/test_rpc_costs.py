@@ -1,6 +1,6 @@
 """bench/rpc_costs.py: both ways of asking for units move every unit through the authenticated role plane
 (its server in a thread of this process). The script's JSON line is checked in
-tests/integration/test_bench_rpc_costs.py."""
+tests/integration/bench/test_rpc_costs.py."""
 
 from __future__ import annotations
 

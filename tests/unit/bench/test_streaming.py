@@ -1,6 +1,6 @@
 """bench/streaming.py's arithmetic: the overhead ratio as the median of pairs, each appliance run against
 the reference runs either side of it, and its interval. A run end to end is in
-tests/integration/test_bench_streaming.py."""
+tests/integration/bench/test_streaming.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.bench_module import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 CONFIG = {"hidden": 512, "layers": 4, "seq": 256, "batch": 8, "vocab": 8192, "steps": 10, "pairs": 3}
 EPYC = {"cpu": "AMD EPYC", "cores": 2, "ram_gib": 23.5}
 
