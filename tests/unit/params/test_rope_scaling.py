@@ -32,11 +32,7 @@ torch = pytest.importorskip(
     "torch", reason="torch==2.13.0 (CPU) is the test reference: pip install -e .[test]"
 )
 transformers = pytest.importorskip("transformers", reason="the reference model: pip install -e .[test]")
-rope_utils = pytest.importorskip("transformers.modeling_rope_utils", reason="transformers' RoPE functions")
-F = torch.nn.functional
-
-# with head size 8 or 16 and theta 10000: one frequency kept, one or two blended, the rest scaled
-LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+pytest.importorskip("transformers.modeling_rope_utils", reason="transformers' RoPE functions (hf_inv_freq)")
 
 
 # ---------------------------------------------------------------------------------------------------------
