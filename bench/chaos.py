@@ -7,7 +7,8 @@ checkpoint exists (a rollback to the seed's state). Prints one JSON line: faults
 restarts, recovery and detection time, steps replayed, the wall time of both runs, the cost of a fault in
 fault-free steps (target <= 2.0), and whether the final checkpoint and every logged loss are bitwise equal.
 
-    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10] [--smoke]
+    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10 --replicas 1]
+                          [--smoke]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,14 +35,14 @@ import numpy as np
 from machine import record  # bench/machine.py: the machine, date, command and commit
 from safetensors.numpy import load_file
 
-from weightstream.backends.base import RoleSpec
+from weightstream.backends.base import RoleSpec, ready_file
 from weightstream.backends.local import LocalProcessBackend
 from weightstream.params import load_params
-from weightstream.plan import make_plan
+from weightstream.plan import REPLICA, make_plan
 from weightstream.training.events import JobEvent, RecoveredEvent, RestartEvent, RetryEvent, StepEvent
 from weightstream.training.runner import JobRunner, RunSummary, job_log
 
-KINDS = ("memoryx", "swarmx", "activation", "worker")  # the order faults rotate through
+KINDS = ("memoryx", "swarmx", "activation", "worker", REPLICA)  # the order faults rotate through
 TARGET_COST_PER_FAULT_STEPS = 2.0
 E = TypeVar("E", bound=JobEvent)
 
@@ -51,6 +52,7 @@ class Injection:
     after_step: int  # sent once step ``after_step`` (1-based) is committed, while the next one runs
     role: str  # e.g. "memoryx-1"
     signal: str  # "SIGKILL" or "SIGSTOP"
+    struck: str = ""  # the process it struck, as the backend names it (a failover swaps a shard's two)
 
     @property
     def kind(self) -> str:
@@ -67,15 +69,18 @@ def fault_schedule(
 ) -> list[Injection]:
     """``faults`` injections over a ``steps``-step job whose roles number ``counts`` (by kind).
 
-    Kinds rotate memoryx, swarmx, activation, worker (indices in turn), so any 4 in a row cover every
-    kind. The first, a MemoryX kill, comes halfway to ``first_recovery_point`` (the first step with a
-    snapshot or checkpoint), so that shard loss rolls back to the seed's state. The rest are evenly spaced
+    Kinds rotate memoryx, swarmx, activation, worker and, where the job has MemoryX replicas, a replica
+    (indices in turn), so any 4 (5) in a row cover every kind. A "memoryx-<i>" fault strikes the process
+    serving shard i when it strikes (after a failover, the one started as its replica). The first, a
+    MemoryX kill, comes halfway to ``first_recovery_point`` (the first step with a snapshot or checkpoint),
+    so that without replicas shard loss rolls back to the seed's state. The rest are evenly spaced
     at least ``min_gap`` committed steps apart: a role killed again before a step completes after its
     replacement fails the job (the runner takes it for a crash loop), and the gap also keeps one recovery
     from overlapping the next. The worker fault nearest the middle is a SIGSTOP (a hung role, found only
     by the RPC deadline and a health probe). The last fault leaves at least ``min_gap`` steps to run."""
-    if faults < len(KINDS):
-        raise ValueError(f"faults={faults}: at least {len(KINDS)} are needed to hit every kind of role")
+    kinds_here = [k for k in KINDS if counts.get(k, 0)]
+    if faults < len(kinds_here):
+        raise ValueError(f"faults={faults}: at least {len(kinds_here)} are needed to hit every kind of role")
     if first_recovery_point < 2:
         raise ValueError(
             f"the first snapshot or checkpoint is at step {first_recovery_point}: no room for a MemoryX "
@@ -89,12 +94,12 @@ def fault_schedule(
             "use more --steps or fewer --faults"
         )
     at = [first + i * gap for i in range(faults)]
-    kinds = [KINDS[i % len(KINDS)] for i in range(faults)]
+    kinds = [kinds_here[i % len(kinds_here)] for i in range(faults)]
     workers = [i for i, k in enumerate(kinds) if k == "worker"]
     stop = min(workers, key=lambda i: abs(i - faults // 2))
     out = []
     for i, (step, kind) in enumerate(zip(at, kinds, strict=True)):
-        index = (i // len(KINDS)) % counts[kind]
+        index = (i // len(kinds_here)) % counts[kind]
         out.append(Injection(step, f"{kind}-{index}", "SIGSTOP" if i == stop else "SIGKILL"))
     return out
 
@@ -147,6 +152,22 @@ class Chaos:
         """Whether the run got to ``step`` (or finished); read under ``_cond``."""
         return self._finished or self._step >= step
 
+    def _serving(self, role: RoleSpec) -> RoleSpec:
+        """The process that serves ``role`` now: a shard or a replica may be served by the process started
+        as the other (a failover), which the newest recovery's addresses tell."""
+        if role.kind not in ("memoryx", REPLICA):
+            return role
+        with self._cond:
+            recovered = [e for _, e in self.events if isinstance(e, RecoveredEvent)]
+        if not recovered:
+            return role
+        address = recovered[-1].addresses[role.kind][role.index]
+        for candidate in (RoleSpec("memoryx", role.index), RoleSpec(REPLICA, role.index)):
+            ready = json.loads(ready_file(self.backend.run_dir, candidate).read_text())
+            if ready["address"] == address:
+                return candidate
+        raise RuntimeError(f"no process of {role.name} serves at {address}")
+
     def inject(self) -> None:
         for inj in self.schedule:
             with self._cond:
@@ -155,9 +176,10 @@ class Chaos:
                     return
             # the role's current process: a replacement's Popen takes its place in ``procs``, and the
             # schedule's spacing means it has been serving steps for a while already
-            pid = self.backend.procs[inj.spec].pid
+            process = self._serving(inj.spec)
+            pid = self.backend.procs[process].pid
             os.kill(pid, getattr(signal, inj.signal))
-            self.injected.append((time.monotonic(), inj, pid))
+            self.injected.append((time.monotonic(), replace(inj, struck=process.name), pid))
             progress(f"{inj.signal} {inj.role} (pid {pid}) after step {inj.after_step}")
 
 
@@ -222,7 +244,8 @@ def detection_s(
     (None: never detected)."""
     out: list[float | None] = []
     for t, inj, _ in injected:
-        later = [te for te, e in events if isinstance(e, RestartEvent) and e.role == inj.role and te >= t]
+        role = inj.struck or inj.role
+        later = [te for te, e in events if isinstance(e, RestartEvent) and e.role == role and te >= t]
         out.append(min(later) - t if later else None)
     return out
 
@@ -249,6 +272,13 @@ def lost_s(
         around = [b - a for a, b in spans if a <= h < b]
         out.append(around[0] - normal if around else None)
     return normal, out
+
+
+def _replays_after(run: Run, kind: str) -> int:
+    """Steps replayed by the recoveries that followed the injections into roles of ``kind``."""
+    hits = sorted(t for t, inj, _ in run.injected if inj.kind == kind)
+    recovered = [(t, e) for t, e in run.events if isinstance(e, RecoveredEvent)]
+    return sum(next((e.replay_steps for t, e in recovered if t >= h), 0) for h in hits)
 
 
 def _median_step_s(run: Run) -> float:
@@ -296,6 +326,7 @@ def summarize(base: Run, faulty: Run) -> dict[str, Any]:
         "recovery_s_total": round(sum(e.recovery_s for e in recovered), 3),
         "recovery_s_median": _r(statistics.median([e.recovery_s for e in recovered]) if recovered else None),
         "replay_steps_total": sum(e.replay_steps for e in recovered),
+        "replay_steps_after_memoryx_faults": _replays_after(faulty, "memoryx"),
         "undetected_faults": sum(t is None for t in detect),
         "detection_s_sigkill_median": _r(statistics.median(kills) if kills else None),
         "detection_s_sigkill_max": _r(max(kills) if kills else None),
@@ -350,6 +381,7 @@ def params_dict(a: argparse.Namespace) -> dict[str, Any]:
             "num_wgt_servers": a.shards,
             "rpc_timeout_s": a.rpc_timeout,
             "max_role_restarts": max(50, 2 * a.faults),
+            "memoryx_replicas": a.replicas,
             "seed": 1,
         },
     }
@@ -381,6 +413,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=1, choices=(0, 1), help="runconfig.memoryx_replicas")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
     ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
     a = ap.parse_args(argv)

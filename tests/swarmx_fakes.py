@@ -44,3 +44,12 @@ class TrickleUpstream(FakeUpstream):
         yield "second"
         self.gate.wait(5)
         yield "last"
+
+
+def push_through(upstream: Any, clients: list[Any]) -> None:
+    """Make a root's ``MemoryXUpstream`` push to ``clients`` (one per shard, each called as the generated
+    client is, ``client(messages, timeout)``) in place of its shards, over the same planes."""
+    upstream.sinks = [
+        [(peer, clients[shard], plane) for peer, _, plane in sinks]
+        for shard, sinks in enumerate(upstream.sinks)
+    ]

@@ -12,10 +12,19 @@ from typing import Any, Literal
 from weightstream.numerics import ModelDef
 from weightstream.params import Params, model_def
 
-__all__ = ["JobSpec", "Plan", "SwarmNode", "make_plan"]
+__all__ = ["REPLICA", "ROLE_KINDS", "JobSpec", "Plan", "SwarmNode", "make_plan", "process_kind"]
 
-RoleKind = Literal["memoryx", "swarmx", "worker", "activation"]
-ROLE_KINDS: tuple[RoleKind, ...] = ("memoryx", "swarmx", "activation", "worker")
+RoleKind = Literal["memoryx", "memoryx-replica", "swarmx", "worker", "activation"]
+# a MemoryX shard's replica (``runconfig.memoryx_replicas``): a MemoryX process of its own, named apart so
+# that a backend can place it away from its shard and the coordinator can tell the two apart
+REPLICA: RoleKind = "memoryx-replica"
+ROLE_KINDS: tuple[RoleKind, ...] = ("memoryx", REPLICA, "swarmx", "activation", "worker")
+
+
+def process_kind(kind: str) -> str:
+    """The role a process of ``kind`` serves (its ``weightstream <role>`` command): a replica is a MemoryX
+    process, and either of a shard's two processes may serve as its primary after a fault."""
+    return "memoryx" if kind == REPLICA else kind
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class Plan:
     swarm: tuple[SwarmNode, ...]  # leaves first, root last
     worker_parent: tuple[int, ...]  # worker -> SwarmX node
     tensor_shard: dict[str, int] = field(default_factory=dict)
+    memoryx_replicas: int = 0  # processes per shard beyond the first (``runconfig.memoryx_replicas``)
 
     @property
     def root(self) -> int:
@@ -57,6 +67,7 @@ class Plan:
     def counts(self) -> dict[str, int]:
         return {
             "memoryx": self.num_wgt_servers,
+            REPLICA: self.num_wgt_servers * self.memoryx_replicas,
             "swarmx": len(self.swarm),
             "activation": self.num_act_servers,
             "worker": self.num_csx,
@@ -79,6 +90,7 @@ class Plan:
             swarm,
             tuple(d["worker_parent"]),
             dict(d["tensor_shard"]),
+            int(d.get("memoryx_replicas", 0)),
         )
 
 
@@ -133,6 +145,7 @@ def make_plan(params: Params, model: ModelDef | None = None) -> Plan:
         swarm,
         worker_parent,
         tensor_shard,
+        rc.memoryx_replicas,
     )
 
 
@@ -158,6 +171,9 @@ class JobSpec:
     # Roles may exchange tensor bytes in shared memory, each pair where both are on one host
     # (transport/peers.py); False: every byte goes over the network (``runconfig.data_plane: grpc``)
     shared_memory: bool = False
+    # a MemoryX process configured as shard ``index``'s replica: it is sent the same gradients and updates
+    # as the shard and serves no weights until it takes the shard's place (training/recovery.py)
+    replica: bool = False
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if k != "credential"})

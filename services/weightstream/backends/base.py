@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from weightstream.plan import process_kind
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -33,7 +35,7 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class RoleSpec:
-    kind: str  # memoryx | swarmx | activation | worker
+    kind: str  # memoryx | memoryx-replica | swarmx | activation | worker (plan.ROLE_KINDS)
     index: int
 
     @property
@@ -87,7 +89,7 @@ def role_command(role: RoleSpec, host: str, ready: Path, *lifeline: str) -> list
     learns its starter is gone (``--parent-pid PID``, or ``--until-stdin-closes`` where its parent is not
     the coordinator)."""
     return [
-        sys.executable, "-m", "weightstream.cli", role.kind, "--host", host, "--port", "0",
+        sys.executable, "-m", "weightstream.cli", process_kind(role.kind), "--host", host, "--port", "0",
         "--ready-file", str(ready), "--token-file", "-", *lifeline,
     ]  # fmt: skip
 

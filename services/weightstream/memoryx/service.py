@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from weightstream.checkpoint_layout import MASKS, checkpoint_files, confine_checkpoint
 from weightstream.memoryx.shard import MemoryXShard
@@ -36,7 +37,11 @@ def build(job: JobSpec) -> MemoryXShard:
     rc = params.runconfig
     resume = str(confine_checkpoint(rc.model_dir, job.resume_dir)) if job.resume_dir is not None else None
     # no checkpoint of the run's own: the weights of a Hugging Face model, if the params name one
-    storage = storage_dir(rc.model_dir, rc.memoryx_dir, job.index) if rc.memoryx_storage == "disk" else None
+    storage = (
+        storage_dir(rc.model_dir, rc.memoryx_dir, job.index, job.generation if job.replica else None)
+        if rc.memoryx_storage == "disk"
+        else None
+    )
     if storage is not None:
         log.info("shard %d keeps its tensors in %s", job.index, storage)
         try:
@@ -61,11 +66,13 @@ def build(job: JobSpec) -> MemoryXShard:
     )
 
 
-def storage_dir(model_dir: str, memoryx_dir: str | None, index: int) -> Path:
+def storage_dir(model_dir: str, memoryx_dir: str | None, index: int, replica_of: int | None = None) -> Path:
     """Shard ``index``'s own directory for disk mode: under ``memoryx_dir`` (relative paths are taken from
-    ``model_dir``; default ``model_dir/.memoryx``)."""
+    ``model_dir``; default ``model_dir/.memoryx``). A replica built at generation ``replica_of`` has one of
+    its own beside it: the shard's two processes each keep their files, and after a fault the replica that
+    took the shard's place keeps its directory while a new replica is built in another."""
     base = Path(model_dir) / (memoryx_dir if memoryx_dir is not None else ".memoryx")
-    return base / f"shard_{index}"
+    return base / (f"shard_{index}" if replica_of is None else f"shard_{index}.replica-{replica_of}")
 
 
 def reconfigure(shard: MemoryXShard, job: JobSpec) -> MemoryXShard | None:
@@ -139,12 +146,16 @@ class MemoryXServicer(rpc.MemoryXServicer):
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.Ack:
         shard = self._shard(context)
         gen = generation_of(context.invocation_metadata())
-        return receive_tensors(
-            context,
-            request_iterator,
-            lambda h, g: shard.add_gradient(h.step, h.unit, g, gen),
-            self._plane(shard, context),
-        )
+        replica = self.host.job is not None and self.host.job.replica
+
+        def add(h: pb.StreamHead, g: dict[str, np.ndarray]) -> None:
+            if replica:
+                # a replica copies what it is sent: a sender may write its shared-memory buffers again once
+                # the shard's update is done (``shm.KeptScratch``), and nothing waits for the replica's
+                g = {n: np.array(a, dtype=np.float32) for n, a in g.items()}
+            shard.add_gradient(h.step, h.unit, g, gen)
+
+        return receive_tensors(context, request_iterator, add, self._plane(shard, context))
 
     def PushGradientsOne(self, request: bytes, context: grpc.ServicerContext) -> pb.Ack:
         """A push that is one message (``transport.rpc.TensorPush``), read as a stream of one."""

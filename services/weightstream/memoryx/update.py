@@ -44,6 +44,13 @@ class ShardUpdate:
         with progress:
             progress.idle()  # a gradient of the next step can arrive before the update's last bookkeeping
             progress.check(generation, f"gradient of unit {unit} for step {step}")
+            if step == progress.step + 1:
+                # a replica serves no weights, so the next step can be under way before its update of
+                # this one has begun: the gradient waits for it (a shard's next-step gradients come only
+                # after its own update, whose weights they were computed from)
+                progress.wait(lambda: progress.generation != generation or progress.step >= step)
+                progress.idle()
+                progress.check(generation, f"gradient of unit {unit} for step {step}")
             if step != progress.step:
                 raise StaleStepError(
                     f"gradient of step {step} for unit {unit}, shard is at step {progress.step}"

@@ -176,6 +176,13 @@ class RunConfig(Section):
     max_role_restarts: NonNegativeInt = Field(
         50, description="role replacements (fault recovery) a job may need in all before it fails"
     )
+    memoryx_replicas: Annotated[int, Field(ge=0, le=1)] = Field(
+        0,
+        description="1: each MemoryX shard has a replica, a second process (on another host where the "
+        "backend has hosts) that receives the same summed gradients and applies the same updates, so a "
+        "lost shard fails over to it with no step replayed, at the cost of the shards' memory and "
+        "optimizer work twice over; 0: a lost shard rolls back to the newest recovery point",
+    )
     recovery_snapshot_steps: NonNegativeInt = Field(
         10,
         description="the MemoryX shards save a recovery snapshot every this many steps; a lost shard rolls "

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from weightstream.numerics import ModelDef
 from weightstream.params import load_params, model_def
-from weightstream.plan import JobSpec, Plan
+from weightstream.plan import REPLICA, JobSpec, Plan
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.role import RoleHost, shm_tag
@@ -27,6 +27,7 @@ from weightstream.transport.plane import (
     relay,
 )
 from weightstream.transport.rpc import (
+    TensorPush,
     abort_on_error,
     call,
     open_channel,
@@ -58,9 +59,12 @@ class MemoryXUpstream:
         generation: int,
         planes: list[DataPlane],
         readers: int = 1,
+        replicas: Sequence[tuple[str, DataPlane]] = (),
     ) -> None:
         """``planes``: the data plane to each shard (transport/peers.py); ``readers``: this node's
-        children, who each read every unit it fetches."""
+        children, who each read every unit it fetches; ``replicas``: each shard's replica, if the job keeps
+        them (``runconfig.memoryx_replicas``), as (address, plane): it is sent every gradient its shard is,
+        at the same time."""
         self.model, self.plan, self.timeout_s, self.bf16 = model, plan, timeout_s, bf16
         self.readers = readers
         self.addresses, self.planes = addresses, planes
@@ -70,9 +74,20 @@ class MemoryXUpstream:
         self.get_tensors = [
             tensors_out_client(c, "MemoryX", "GetTensors", pb.TensorRequest) for c in channels
         ]
-        self.push = [tensors_in_client(c, "MemoryX", "PushGradients", pb.Ack) for c in channels]
+        # where each shard's gradients go: the shard, then its replica if any (peer name, client, plane)
+        self.sinks: list[list[tuple[str, TensorPush, DataPlane]]] = [
+            [(f"memoryx-{i} ({a})", tensors_in_client(c, "MemoryX", "PushGradients", pb.Ack), p)]
+            for i, (a, c, p) in enumerate(zip(addresses, channels, planes, strict=True))
+        ]
+        for i, (a, p) in enumerate(replicas):
+            c = open_channel(a, token, generation, p.kind)
+            self.sinks[i].append(
+                (f"{REPLICA}-{i} ({a})", tensors_in_client(c, "MemoryX", "PushGradients", pb.Ack), p)
+            )
         # a unit's shards stream in parallel; a few units may be in flight at once (prefetch, two passes)
-        self._pool = ThreadPoolExecutor(max(2, 4 * len(addresses)), thread_name_prefix="memoryx-io")
+        self._pool = ThreadPoolExecutor(
+            max(2, 4 * len(addresses) * (1 + bool(replicas))), thread_name_prefix="memoryx-io"
+        )
 
     def _by_shard(self, names: list[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -102,26 +117,37 @@ class MemoryXUpstream:
         # bulk transfers come on as this node's own, served to the children while they arrive
         return relay(stream(peer, "GetTensors", it), host_of_address(self.addresses[shard]), self.readers)
 
+    def _to_sinks(self, names: list[str], send: Callable[[int, int, list[str]], None]) -> None:
+        """``send(shard, sink, shard_names)`` for every shard holding some of ``names`` and each of its
+        sinks (the shard, its replica), all at once."""
+        jobs = [
+            (shard, k, shard_names)
+            for shard, shard_names in self._by_shard(names).items()
+            for k in range(len(self.sinks[shard]))
+        ]
+        list(self._pool.map(lambda job: send(*job), jobs))
+
     def push_grads(self, step: int, unit: int, grads: Tensors) -> None:
-        def push(shard: int, shard_names: list[str]) -> None:
+        def push(shard: int, sink: int, shard_names: list[str]) -> None:
+            peer, client, plane = self.sinks[shard][sink]
             push_tensors(
-                f"memoryx-{shard} ({self.addresses[shard]})",
-                self.push[shard],
+                peer,
+                client,
                 [(n, grads[n]) for n in shard_names],
                 pb.StreamHead(step=step, unit=unit),
-                plane=self.planes[shard],
+                plane=plane,
                 bf16=self.bf16,
                 timeout=self.timeout_s,
-                key=(unit, shard),  # the shards' pushes of one unit run at once
+                key=(unit, shard, sink),  # the shards' pushes of one unit run at once
             )
 
-        list(self._pool.map(lambda kv: push(*kv), self._by_shard(list(grads)).items()))
+        self._to_sinks(list(grads), push)
 
     @property
     def shares_memory(self) -> bool:
-        """Whether every shard is on this node's shared-memory plane: gradients in shared memory may then
-        go up as a header alone (``relay_grads``)."""
-        return all(p.kind == SHARED_MEMORY for p in self.planes)
+        """Whether every shard (and replica) is on this node's shared-memory plane: gradients in shared
+        memory may then go up as a header alone (``relay_grads``)."""
+        return all(p.kind == SHARED_MEMORY for sinks in self.sinks for _, _, p in sinks)
 
     @property
     def reader(self) -> DataPlane:
@@ -132,14 +158,14 @@ class MemoryXUpstream:
         """Gradients in shared memory to the shards that own them: each shard gets a header naming its
         tensors where they lie (the bytes are not touched)."""
 
-        def relay(shard: int, shard_names: list[str]) -> None:
+        def relay(shard: int, sink: int, shard_names: list[str]) -> None:
             mine = set(shard_names)
             part = pb.TensorSetHeader(
                 head=pb.StreamHead(step=step, unit=unit),
                 tensors=[t for t in header.tensors if t.name in mine],
             )
-            peer = f"memoryx-{shard} ({self.addresses[shard]})"
-            push_header(peer, self.push[shard], part, timeout=self.timeout_s)
+            peer, client, _ = self.sinks[shard][sink]
+            push_header(peer, client, part, timeout=self.timeout_s)
 
         names = [t.name for t in header.tensors]
         if len(set(names)) != len(names):
@@ -147,7 +173,7 @@ class MemoryXUpstream:
         unknown = [n for n in names if n not in self.plan.tensor_shard]
         if unknown:
             raise KeyError(f"gradients for tensors this job does not have: {unknown}")
-        list(self._pool.map(lambda kv: relay(*kv), self._by_shard(names).items()))
+        self._to_sinks(names, relay)
 
 
 def _drain(q: queue.SimpleQueue[bytes | BaseException | None], fetch: Callable[[], Iterator[bytes]]) -> None:
@@ -236,6 +262,7 @@ def build(job: JobSpec) -> SwarmNodeLogic:
         # gradients go up by reference and need none)
         kept = KEPT_GRADIENT_BYTES[params.runconfig.memoryx_storage]
         addresses = job.addresses["memoryx"]
+        replicas = job.addresses.get(REPLICA, [])
         upstream: MemoryXUpstream | ParentUpstream = MemoryXUpstream(
             model_def(params),
             plan,
@@ -249,6 +276,10 @@ def build(job: JobSpec) -> SwarmNodeLogic:
                 for i, a in enumerate(addresses)
             ],
             len(node.children),
+            [
+                (a, plane_for_peer(f"{REPLICA}-{i}", a, job.credential, tag, lambda: plane(kept)))
+                for i, a in enumerate(replicas)
+            ],
         )
     else:  # its parent sums what it receives into memory of its own: kept memfds would be extra memory
         address, name = job.addresses["swarmx"][node.parent], f"swarmx-{node.parent}"

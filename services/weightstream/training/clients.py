@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from weightstream.plan import REPLICA
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.transport.rpc import call
@@ -27,7 +28,12 @@ class FanOut(Protocol):
     """``RolePlane.all``: ``fn(i)`` for every role ``i`` of ``kind`` at once, within ``timeout_s``."""
 
     def __call__(
-        self, kind: str, fn: Callable[[int], T], timeout_s: float, watch: bool = True
+        self,
+        kind: str,
+        fn: Callable[[int], T],
+        timeout_s: float,
+        watch: bool = True,
+        count: int | None = None,
     ) -> list[T]: ...
 
 
@@ -40,20 +46,40 @@ class _Kind(Generic[S]):
         self._stubs, self._fan_out, self.timeout_s = list(stubs), fan_out, timeout_s
 
     def _all(
-        self, name: str, method: Callable[[S], Callable[..., Any]], request: Any, watch: bool
+        self,
+        name: str,
+        method: Callable[[S], Callable[..., Any]],
+        request: Any,
+        watch: bool,
+        also: Sequence[tuple[str, S]] = (),
     ) -> list[Any]:
-        """``method(stub)(request)`` on every role, each named ``<kind>-<i>`` and ``name`` in its errors."""
+        """``method(stub)(request)`` on every role, each named ``<kind>-<i>`` and ``name`` in its errors;
+        ``also``: more roles to call at the same time, as (name, stub), their replies after the kind's."""
+        named = [(f"{self.kind}-{i}", stub) for i, stub in enumerate(self._stubs)] + list(also)
 
         def one(i: int) -> Any:
-            return call(f"{self.kind}-{i}", name, method(self._stubs[i]), request, timeout=self.timeout_s)
+            peer, stub = named[i]
+            return call(peer, name, method(stub), request, timeout=self.timeout_s)
 
-        return self._fan_out(self.kind, one, self.timeout_s, watch)
+        return self._fan_out(self.kind, one, self.timeout_s, watch, count=len(named))
 
 
 class MemoryXClient(_Kind[rpc.MemoryXStub]):
-    """Every MemoryX shard of the current configuration."""
+    """Every MemoryX shard of the current configuration, and each shard's replica where the job keeps
+    them (``replicas``, in shard order): a replica is sent every update its shard is, at the same time, and
+    nothing else."""
 
     kind = "memoryx"
+
+    def __init__(
+        self,
+        stubs: Sequence[rpc.MemoryXStub],
+        fan_out: FanOut,
+        timeout_s: float,
+        replicas: Sequence[rpc.MemoryXStub] = (),
+    ) -> None:
+        super().__init__(stubs, fan_out, timeout_s)
+        self._replicas = [(f"{REPLICA}-{i}", stub) for i, stub in enumerate(replicas)]
 
     def grad_norm_sq(self, step: int) -> list[float]:
         """Each shard's sum of squares of step ``step``'s gradients; a shard answers once they are all in."""
@@ -66,7 +92,7 @@ class MemoryXClient(_Kind[rpc.MemoryXStub]):
         """Apply step ``step``'s update with learning rate ``lr`` and gradient clipping coefficient ``clip``
         on every shard (idempotent: a shard that has applied it says so and changes nothing)."""
         request = pb.UpdateRequest(step=step, learning_rate=lr, clip_coef=clip)
-        self._all("ApplyUpdate", lambda s: s.ApplyUpdate, request, watch)
+        self._all("ApplyUpdate", lambda s: s.ApplyUpdate, request, watch, also=self._replicas)
 
     def save_checkpoint(self, step: int, directory: str, weights_only: bool) -> list[pb.CheckpointReply]:
         """Every shard writes its files of step ``step`` into ``directory`` (optimizer state too, unless

@@ -8,10 +8,14 @@ How the runner recovers (``runner.JobRunner._recover``):
      history; a role replaced again soon waits a backoff first;
   3. replace the lost roles through the backend and configure every role again under a new generation, so
      nothing of the interrupted attempt counts (``transport.fencing``);
-  4. MemoryX survived: the shards keep their state and the interrupted step runs again. A shard was lost:
-     every shard goes back to the newest recovery point (snapshot, checkpoint, or the seed's initial
-     weights) and the steps since are replayed; training is deterministic, so the replay reproduces them
-     bit for bit (the runner checks each replayed loss against the first one).
+  4. MemoryX survived: the shards keep their state and the interrupted step runs again. A shard lost the
+     process serving it but has a replica (``runconfig.memoryx_replicas``): the replica, which holds the
+     same state bit for bit, serves the shard from now on, and the replacement process becomes the new
+     replica, given the shards' state through a recovery snapshot; no step is replayed. A shard's state
+     was lost (no replica, or both lost): every shard goes back to the newest recovery point (snapshot,
+     checkpoint, or the seed's initial weights) and the steps since are replayed; training is
+     deterministic, so the replay reproduces them bit for bit (the runner checks each replayed loss
+     against the first one).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.plan import REPLICA
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import EventSink, RecoveredEvent, RestartEvent, RetryEvent
 from weightstream.training.roles import RolePlane
@@ -133,10 +138,13 @@ class Recovery:
         emit: EventSink,
         cancelled: threading.Event,
         wait_ready: Callable[[], dict[str, list[str]]],
+        snapshot: Callable[[int], Path],
     ) -> None:
+        """``snapshot(step)``: the runner takes a recovery snapshot of ``step`` (every shard at it) and makes
+        it the run's newest recovery point; returns its directory."""
         self.roles, self.budget, self.log = roles, budget, log
         self.backend, self.plan = roles.backend, roles.plan
-        self.emit, self.cancelled, self.wait_ready = emit, cancelled, wait_ready
+        self.emit, self.cancelled, self.wait_ready, self.snapshot = emit, cancelled, wait_ready, snapshot
         self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
 
     def recover(
@@ -201,6 +209,7 @@ class Recovery:
         if backoff and self.cancelled.wait(backoff):
             raise JobCancelled("cancelled")
         addresses = self.roles.addresses
+        keeps, rebuild = self._shards_after(lost)
         if lost:
             try:
                 self.backend.restart(list(lost))
@@ -211,9 +220,10 @@ class Recovery:
                 raise self.budget.fail(f"a replacement role failed to start: {e}") from e
         generation = self.roles.next_generation()
         now_at: int | None = None
-        if not any(r.kind == "memoryx" for r in lost):
-            self._configure(addresses, None, lost, keep_state=True)
-            steps = set(self.roles.shard_steps(self.probe_s))
+        if keeps:
+            self._configure(addresses, None, lost, keep_state=True, later=rebuild)
+            new = frozenset(self.roles.serving_process(REPLICA, i) for i in rebuild)
+            steps = set(self.roles.shard_steps(self.probe_s, but=new))
             if steps == {at} or (applying == at and steps == {at + 1}):
                 now_at = steps.pop()
             else:
@@ -221,6 +231,8 @@ class Recovery:
         if now_at is None:  # a shard's state is lost: every shard goes back to the recovery point
             now_at, path = point
             self._configure(addresses, str(path) if path else None, lost)
+        elif rebuild:
+            self._rebuild(rebuild, now_at, point)
         took = time.monotonic() - t0
         self.log.info(
             "recovered in %.1fs: generation %d, %d restarts so far, replaying %d steps from step %d",
@@ -237,10 +249,39 @@ class Recovery:
                 recovery_s=took,
                 generation=generation,
                 restarts=self.budget.restarts,
-                addresses=addresses,
+                addresses=self.roles.serving(),
             )
         )
         return now_at
+
+    def _shards_after(self, lost: dict[RoleSpec, str]) -> tuple[bool, frozenset[int]]:
+        """What the loss of ``lost`` leaves of MemoryX: (whether every shard's state survives, the shards
+        whose replica must be built again). A shard that lost its serving process but not its replica fails
+        over to the replica (``RolePlane.promoted``), whose state is the shard's, bit for bit; the process
+        that replaces the lost one becomes the new replica. A shard that lost both, or that has no replica,
+        has lost its state."""
+        counts = self.plan.counts()
+        serving = self.roles.serving_process
+        primary = {i for i in range(counts["memoryx"]) if serving("memoryx", i) in lost}
+        replica = {i for i in range(counts[REPLICA]) if serving(REPLICA, i) in lost}
+        if not counts[REPLICA]:
+            return not primary, frozenset()
+        if primary & replica:
+            return False, frozenset()
+        for i in sorted(primary):
+            self.log.warning("memoryx-%d fails over to its replica (%s)", i, serving(REPLICA, i).name)
+            self.roles.promoted ^= {i}
+        return True, frozenset(primary | replica)
+
+    def _rebuild(self, shards: frozenset[int], step: int, point: tuple[int, Path | None]) -> None:
+        """Give each of ``shards``' new replicas the state every shard is at, ``step``: from the recovery
+        point if it is of that step, else from a recovery snapshot taken now (the shards write it; it is the
+        newest recovery point from then on)."""
+        at, path = point
+        if path is None or at != step:
+            path = self.snapshot(step)
+        for i in sorted(shards):
+            self.roles.configure_replica(i, str(path))
 
     def _configure(
         self,
@@ -248,11 +289,12 @@ class Recovery:
         resume_dir: str | None,
         lost: dict[RoleSpec, str],
         keep_state: bool = False,
+        later: frozenset[int] = frozenset(),
     ) -> None:
         """Configure every role again; a role refusing its configuration for a reason a retry cannot cure
         (its data is gone, a file is unreadable) fails the job rather than being replaced in a loop."""
         try:
-            self.roles.configure(addresses, resume_dir, keep_state)
+            self.roles.configure(addresses, resume_dir, keep_state, later)
         except RoleFault as e:
             if is_transient(e):
                 raise

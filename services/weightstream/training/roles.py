@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from weightstream.backends.base import Backend, RoleSpec
-from weightstream.plan import ROLE_KINDS, JobSpec, Plan
+from weightstream.plan import REPLICA, ROLE_KINDS, JobSpec, Plan, process_kind
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.training.clients import MemoryXClient, WorkerClient
@@ -54,7 +54,8 @@ class RolePlane:
         self.backend, self.plan, self.params, self.job_id = backend, plan, params, job_id
         self.credential, self.timeout_s = credential, timeout_s
         self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
-        self.addresses: dict[str, list[str]] = {}
+        self.addresses: dict[str, list[str]] = {}  # the processes', by kind and index, as started
+        self.promoted: set[int] = set()  # shards served by the process started as their replica
         self._generation = 0
         # the clients of the current configuration (none before the first)
         self.workers = WorkerClient([], self.all, timeout_s)
@@ -103,10 +104,18 @@ class RolePlane:
                 return
             time.sleep(0.05)
 
-    def all(self, kind: str, fn: Callable[[int], T], timeout_s: float, watch: bool = True) -> list[T]:
-        """Run ``fn(i)`` for every role of ``kind`` concurrently. Any failure raises RoleFault at once, as
-        does (with ``watch``) any role of the job dying meanwhile."""
-        futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(self.plan.counts()[kind])]
+    def all(
+        self,
+        kind: str,
+        fn: Callable[[int], T],
+        timeout_s: float,
+        watch: bool = True,
+        count: int | None = None,
+    ) -> list[T]:
+        """Run ``fn(i)`` for every role of ``kind`` (or ``count`` calls) concurrently. Any failure raises
+        RoleFault at once, as does (with ``watch``) any role of the job dying meanwhile."""
+        n = self.plan.counts()[kind] if count is None else count
+        futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(n)]
         deadline = time.monotonic() + timeout_s
         pending: set[Future[T]] = set(futures)
         while pending:
@@ -123,44 +132,92 @@ class RolePlane:
         return [f.result() for f in futures]
 
     # -- configuration -------------------------------------------------------------------------------------
+    def serving(self, addresses: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+        """Where each role is served from, by kind and index, as the roles are told (``JobSpec.addresses``):
+        the processes' ``addresses`` (as the backend reports them), with each shard in ``promoted`` served by
+        the process started as its replica, and that shard's replica by the process started as the shard."""
+        out = {k: list(v) for k, v in (self.addresses if addresses is None else addresses).items()}
+        for i in self.promoted:
+            out["memoryx"][i], out[REPLICA][i] = out[REPLICA][i], out["memoryx"][i]
+        return out
+
+    def serving_process(self, kind: str, index: int) -> RoleSpec:
+        """The process (as the backend names it) that serves role ``kind``-``index`` now."""
+        if kind in ("memoryx", REPLICA) and index in self.promoted:
+            return RoleSpec(REPLICA if kind == "memoryx" else "memoryx", index)
+        return RoleSpec(kind, index)
+
     def configure(
-        self, addresses: dict[str, list[str]], resume_dir: str | None, keep_state: bool = False
+        self,
+        addresses: dict[str, list[str]],
+        resume_dir: str | None,
+        keep_state: bool = False,
+        later: frozenset[int] = frozenset(),
     ) -> None:
-        """Configure every role for the current generation. ``keep_state``: MemoryX shards keep their
-        weights and state (a fault elsewhere); otherwise they load ``resume_dir`` (None: the seed's)."""
+        """Configure every role for the current generation. ``keep_state``: MemoryX shards (and replicas)
+        keep their weights and state (a fault elsewhere); otherwise they load ``resume_dir`` (None: the
+        seed's). ``addresses``: the processes' (``serving`` gives who serves what). ``later``: shards whose
+        replica is left unconfigured (a new process with no state yet: ``configure_replica``)."""
         old, self._channels = self._channels, []
         self.addresses = addresses
+        serving = self.serving()
         for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
-            controls = [rpc.ControlStub(self._channel(a)) for a in addresses[kind]]
+            controls = [rpc.ControlStub(self._channel(a)) for a in serving.get(kind, [])]
+            skip = later if kind == REPLICA else frozenset()
 
-            def configure(i: int, kind: str = kind, controls: list[Any] = controls) -> None:
-                job = JobSpec(
-                    self.params,
-                    self.plan.to_dict(),
-                    addresses,
-                    kind,
-                    i,
-                    resume_dir,
-                    self.job_id,
-                    generation=self.generation,
-                    keep_state=keep_state,
-                    shared_memory=self.shared_memory,
-                )
-                call(
-                    f"{kind}-{i}",
-                    "Configure",
-                    controls[i].Configure,
-                    pb.ConfigureRequest(job_json=job.to_json()),
-                    timeout=self.timeout_s,
-                )
+            def configure(
+                i: int, kind: str = kind, controls: list[Any] = controls, skip: frozenset[int] = skip
+            ) -> None:
+                if i not in skip:
+                    self._configure_one(controls[i], kind, i, serving, resume_dir, keep_state)
 
             self.all(kind, configure, self.timeout_s)
-        workers = [rpc.WorkerStub(self._channel(a)) for a in addresses["worker"]]
-        self.workers = WorkerClient(workers, self.all, self.timeout_s)
-        shards = [rpc.MemoryXStub(self._channel(a)) for a in addresses["memoryx"]]
-        self.memoryx = MemoryXClient(shards, self.all, self.timeout_s)
+        self._clients(serving, skip=later)
         for c in old:  # the interrupted attempt's calls still waiting end now (CANCELLED)
             c.close()
+
+    def configure_replica(self, shard: int, resume_dir: str) -> None:
+        """Configure shard ``shard``'s replica, left out by ``configure(later=...)``, from ``resume_dir`` (a
+        snapshot of the step every shard is at), in the current generation; from then on it is sent every
+        update its shard is."""
+        serving = self.serving()
+        control = rpc.ControlStub(self._channel(serving[REPLICA][shard]))
+        self._configure_one(control, REPLICA, shard, serving, resume_dir, keep_state=False)
+        self._clients(serving)
+
+    def _configure_one(
+        self,
+        control: Any,
+        kind: str,
+        i: int,
+        serving: dict[str, list[str]],
+        resume_dir: str | None,
+        keep_state: bool,
+    ) -> None:
+        job = JobSpec(
+            self.params,
+            self.plan.to_dict(),
+            serving,
+            process_kind(kind),
+            i,
+            resume_dir,
+            self.job_id,
+            generation=self.generation,
+            keep_state=keep_state,
+            shared_memory=self.shared_memory,
+            replica=kind == REPLICA,
+        )
+        request = pb.ConfigureRequest(job_json=job.to_json())
+        call(f"{kind}-{i}", "Configure", control.Configure, request, timeout=self.timeout_s)
+
+    def _clients(self, serving: dict[str, list[str]], skip: frozenset[int] = frozenset()) -> None:
+        workers = [rpc.WorkerStub(self._channel(a)) for a in serving["worker"]]
+        self.workers = WorkerClient(workers, self.all, self.timeout_s)
+        shards = [rpc.MemoryXStub(self._channel(a)) for a in serving["memoryx"]]
+        replicas = [
+            rpc.MemoryXStub(self._channel(a)) for i, a in enumerate(serving.get(REPLICA, [])) if i not in skip
+        ]
+        self.memoryx = MemoryXClient(shards, self.all, self.timeout_s, replicas)
 
     def probe(self, roles: list[RoleSpec], timeout_s: float) -> dict[RoleSpec, pb.HealthReply | None]:
         """Each role's Health reply, or None where it does not answer within ``timeout_s`` (hung)."""
@@ -176,8 +233,11 @@ class RolePlane:
 
         return dict(zip(roles, self._pool.map(health, roles), strict=True))
 
-    def shard_steps(self, timeout_s: float) -> list[int | None]:
-        """How many steps each MemoryX shard has applied (None: it did not answer)."""
-        roles = [RoleSpec("memoryx", i) for i in range(self.plan.counts()["memoryx"])]
+    def shard_steps(self, timeout_s: float, but: frozenset[RoleSpec] = frozenset()) -> list[int | None]:
+        """How many steps each MemoryX process, shard or replica, has applied (None: it did not answer),
+        ``but`` those named."""
+        counts = self.plan.counts()
+        roles = [RoleSpec(k, i) for k in ("memoryx", REPLICA) for i in range(counts[k])]
+        roles = [r for r in roles if r not in but]
         replies = self.probe(roles, timeout_s)
         return [None if (r := replies[role]) is None else int(r.state_step) for role in roles]

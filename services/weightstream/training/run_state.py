@@ -68,8 +68,9 @@ class RunState:
                 f"{first!r}: training is not deterministic here, so the job cannot recover exactly"
             )
 
-    def new_recovery_point(self, path: Path) -> None:
-        """The shards can go back to step ``done`` from ``path``: the losses of the steps before it need
-        no more checking."""
-        self.recovery_point = (self.done, path)
-        self.losses = {s: v for s, v in self.losses.items() if s >= self.done}
+    def new_recovery_point(self, path: Path, step: int | None = None) -> None:
+        """The shards can go back to step ``step`` (default ``done``) from ``path``: the losses of the
+        steps before it need no more checking."""
+        at = self.done if step is None else step
+        self.recovery_point = (at, path)
+        self.losses = {s: v for s, v in self.losses.items() if s >= at}

@@ -168,7 +168,13 @@ class JobRunner:
         )
         self.steps = StepDriver(self.roles, self.opt)
         self.recovery = Recovery(
-            self.roles, self.budget, self.log, self.on_event, self._cancelled, self._wait_ready
+            self.roles,
+            self.budget,
+            self.log,
+            self.on_event,
+            self._cancelled,
+            self._wait_ready,
+            self._snapshot,
         )
         try:
             if self._cancelled.is_set():
@@ -298,9 +304,14 @@ class JobRunner:
             state.new_recovery_point(state.checkpoint)
             remove_recovery_snapshots(self.model_dir)
         else:
-            path = self._save(done, snapshot=True)
-            state.new_recovery_point(path)
-            remove_recovery_snapshots(self.model_dir, keep=path)
+            self._snapshot(done)
+
+    def _snapshot(self, step: int) -> Path:
+        """A recovery snapshot of ``step``, every shard being at it, made the newest recovery point."""
+        path = self._save(step, snapshot=True)
+        self.state.new_recovery_point(path, step)
+        remove_recovery_snapshots(self.model_dir, keep=path)
+        return path
 
     def _check_time_limit(self, done: int, t0: float) -> None:
         """Fail the job once its wall-clock limit is spent (``t0``: when this run began, monotonic)."""

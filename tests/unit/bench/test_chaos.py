@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.bench_module import load_bench
+from weightstream.plan import REPLICA
 from weightstream.training.events import JobEvent, RecoveredEvent, RestartEvent, StepEvent
 from weightstream.training.records import StepRecord
 from weightstream.training.runner import RunSummary
@@ -32,7 +33,7 @@ def test_default_schedule_hits_every_kind_spaced_with_memoryx_first_and_one_stop
     s = chaos.fault_schedule(200, 20, COUNTS, first_recovery_point=10)
     assert len(s) == 20
     assert s[0].kind == "memoryx" and 1 <= s[0].after_step < 10  # before any snapshot: a seed rollback
-    assert {i.kind for i in s} == set(chaos.KINDS)
+    assert {i.kind for i in s} == set(chaos.KINDS) - {REPLICA}  # the job has none
     roles = [f"{kind}-{i}" for kind, n in COUNTS.items() for i in range(n)]
     assert sorted({i.role for i in s}) == sorted(roles)
     stops = [i for i in s if i.signal == "SIGSTOP"]
@@ -42,6 +43,12 @@ def test_default_schedule_hits_every_kind_spaced_with_memoryx_first_and_one_stop
     assert steps[-1] <= 200 - 2
     # a role is never hit twice in a row: its replacement serves steps before it is hit again
     assert all(a.role != b.role for a, b in itertools.pairwise(s))
+
+
+def test_a_job_with_replicas_has_its_replicas_struck_too() -> None:
+    s = chaos.fault_schedule(200, 20, {**COUNTS, REPLICA: 2}, first_recovery_point=10)
+    assert [i.kind for i in s[:5]] == ["memoryx", "swarmx", "activation", "worker", REPLICA]
+    assert {i.role for i in s if i.kind == REPLICA} == {f"{REPLICA}-0", f"{REPLICA}-1"}
 
 
 @pytest.mark.parametrize(
@@ -131,13 +138,14 @@ def test_summary_from_the_events_of_both_runs(tmp_path: Path) -> None:
         (34.0, chaos.Injection(6, "activation-0", "SIGKILL"), 13),  # never detected, no step after it
     ]
     s = chaos.summarize(base, faulty)
-    assert s["faults"]["by_kind"] == {"memoryx": 1, "swarmx": 0, "activation": 1, "worker": 1}
+    assert s["faults"]["by_kind"] == {"memoryx": 1, "swarmx": 0, "activation": 1, "worker": 1, REPLICA: 0}
     assert s["faults"]["by_signal"] == {"SIGKILL": 2, "SIGSTOP": 1}
     assert s["restarts"] == 3 and s["restarts_by_kind"] == {
         "memoryx": 2,
         "swarmx": 0,
         "activation": 0,
         "worker": 1,
+        REPLICA: 0,
     }
     assert s["recovery_s_total"] == 2.0 and s["replay_steps_total"] == 1
     assert s["detection_s_sigkill_median"] == 0.5 and s["detection_s_sigstop"] == 14.0
@@ -147,6 +155,7 @@ def test_summary_from_the_events_of_both_runs(tmp_path: Path) -> None:
         "swarmx": None,
         "activation": None,
         "worker": None,
+        REPLICA: None,
     }
     assert s["lost_s_sigstop"] == 15.0
     assert s["cost_per_fault_in_steps_in_run"] == 9.0  # (3 + 15) / 2 faults followed by a step / 1 s

@@ -12,6 +12,7 @@ import pytest
 
 import weightstream.transport.peers as peers
 from tests.role_jobs import arena_tag, direct_context, tiny_role_job
+from tests.swarmx_fakes import push_through
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.role import RoleHost
 from weightstream.swarmx import service as swarmx_service
@@ -69,7 +70,7 @@ def test_a_single_childs_gradients_go_up_inline_to_shards_on_the_network(
         received.extend(messages)
         return pb.Ack()
 
-    logic.upstream.push = [push] * len(logic.upstream.planes)
+    push_through(logic.upstream, [push] * len(logic.upstream.planes))
     name = logic.upstream.model.units[1].param_names[0]
     g = np.full(logic.upstream.model.specs[name].shape, 0.25, np.float32)
     arena = SharedArena(arena_tag(job))

@@ -12,6 +12,7 @@ import pytest
 
 import weightstream.transport.tensors as tensors_module
 from tests.role_jobs import arena_tag, direct_context, tiny_role_job
+from tests.swarmx_fakes import push_through
 from weightstream.params import load_params, model_def
 from weightstream.plan import JobSpec, make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -44,7 +45,7 @@ def _swarmx(tmp_path: Path, num_csx: int) -> tuple[RoleHost, JobSpec, Any, dict[
 
         return push
 
-    host.logic(direct_context()).upstream.push = [receiver(s) for s in received]
+    push_through(host.logic(direct_context()).upstream, [receiver(s) for s in received])
     return host, job, model_def(params), received
 
 

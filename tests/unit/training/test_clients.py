@@ -62,9 +62,16 @@ class FanOut:
         self.n = n
         self.seen: list[tuple[str, float, bool]] = []
 
-    def __call__(self, kind: str, fn: Callable[[int], T], timeout_s: float, watch: bool = True) -> list[T]:
+    def __call__(
+        self,
+        kind: str,
+        fn: Callable[[int], T],
+        timeout_s: float,
+        watch: bool = True,
+        count: int | None = None,
+    ) -> list[T]:
         self.seen.append((kind, timeout_s, watch))
-        return [fn(i) for i in range(self.n)]
+        return [fn(i) for i in range(self.n if count is None else count)]
 
 
 def _answer(method: str, i: int) -> Any:
@@ -97,6 +104,21 @@ def test_memoryx_calls_reach_every_shard_with_the_deadline_and_reply_in_shard_or
     # every call watches for dying roles, but an update told not to
     assert [watch for _, _, watch in fan_out.seen] == [True, False, True]
     assert {(kind, deadline) for kind, deadline, _ in fan_out.seen} == {("memoryx", DEADLINE_S)}
+
+
+def test_replicas_get_every_update_and_nothing_else() -> None:
+    calls: list[tuple[str, int, Any, float]] = []
+    replica_calls: list[tuple[str, int, Any, float]] = []
+    replicas = _stubs(2, replica_calls, _answer)
+    memoryx = MemoryXClient(_stubs(2, calls, _answer), FanOut(2), DEADLINE_S, replicas)
+    assert memoryx.grad_norm_sq(4) == [1.0, 2.0]  # the shards' own
+    memoryx.apply_update(4, 1e-3, 0.5)
+    memoryx.save_checkpoint(5, "/ckpt/tmp", weights_only=False)
+    assert [(m, i) for m, i, _, _ in calls] == [
+        (m, i) for m in ("GradNormSq", "ApplyUpdate", "SaveCheckpoint") for i in range(2)
+    ]
+    update = pb.UpdateRequest(step=4, learning_rate=1e-3, clip_coef=0.5)
+    assert [(m, i, r) for m, i, r, _ in replica_calls] == [("ApplyUpdate", i, update) for i in range(2)]
 
 
 def test_worker_calls_reach_every_worker_with_the_deadline_and_reply_in_worker_order() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,7 +39,9 @@ def recovery(backend: Backend) -> Recovery:
     plane = SimpleNamespace(
         backend=backend, plan=SimpleNamespace(roles=lambda: ROLES), timeout_s=30.0, probe=probe
     )
-    return Recovery(plane, None, logging.getLogger("test"), lambda *a, **k: None, threading.Event(), dict)  # type: ignore[arg-type]
+    log, cancelled = logging.getLogger("test"), threading.Event()
+    no_snapshot = lambda step: Path()  # noqa: E731  (_lost takes none)
+    return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot)  # type: ignore[arg-type]
 
 
 def test_a_role_whose_exit_is_seen_after_the_probe_is_reported_dead() -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.role_jobs import tiny_role_job
+from tests.swarmx_fakes import push_through
 from weightstream.params import load_params, model_def
 from weightstream.plan import make_plan
 from weightstream.proto import weightstream_pb2 as pb
@@ -226,7 +227,7 @@ def test_the_swarmx_root_keeps_a_memfd_per_unit_and_shard_for_its_sums(
             assert loc is not None
             received.append((os.stat(f"/proc/self/fd/{loc.fd}").st_ino, float(arr.reshape(-1)[0])))
 
-    logic.upstream.push = [receiver] * plan.num_wgt_servers  # type: ignore[list-item]  # receivers in place of the gRPC calls
+    push_through(logic.upstream, [receiver] * plan.num_wgt_servers)  # receivers in place of the gRPC calls
     model = model_def(params)
     name = model.units[1].param_names[0]
     shape = model.specs[name].shape

@@ -33,7 +33,7 @@ from weightstream.backends.kubernetes.security import (
 )
 from weightstream.numerics import ModelDef
 from weightstream.params import Params
-from weightstream.plan import Plan
+from weightstream.plan import Plan, process_kind
 
 __all__ = [
     "LABEL_COORDINATOR",
@@ -141,7 +141,7 @@ def _memory_mib(role: RoleSpec, params: Params, model: ModelDef, plan: Plan, clu
     if role.kind == "worker":
         budget = rc.worker_memory_mb or 4 * max(model.unit_bytes(u) for u in range(len(model.units))) // _MIB
         return budget + cluster.overhead_mib
-    if role.kind == "memoryx":
+    if process_kind(role.kind) == "memoryx":  # a shard or its replica: the same state
         copies = 2 if params.optimizer.optimizer_type == "sgd" else 3
         owned = sum(model.specs[n].numel * 4 for n, s in plan.tensor_shard.items() if s == role.index)
         if rc.memoryx_storage == "disk":  # files on the volume; in memory: a unit out, a gradient in, blocks
@@ -164,7 +164,7 @@ def _labels(job_id: str, role: RoleSpec | None = None) -> dict[str, str]:
 def _data_mounts(role: RoleSpec, job_dir: str | None, cluster: ClusterConfig) -> list[dict[str, Any]]:
     """The parts of the data volume ``role`` mounts, each at the path the coordinator sees it at."""
     mounts: list[dict[str, Any]] = []
-    if role.kind in _JOB_DIR_ROLES and job_dir is not None:
+    if process_kind(role.kind) in _JOB_DIR_ROLES and job_dir is not None:
         sub = volume_subpath(job_dir, cluster, "runconfig.model_dir")
         mounts.append({"name": "data", "mountPath": job_dir, "subPath": sub})
     if role.kind in _DATA_ROOT_ROLES and cluster.has_data_volume:  # no volume: nothing to mount from
@@ -197,7 +197,15 @@ def _pod(
     object_name = job_object_name(job_id)
     data_mounts = _data_mounts(role, job_dir, cluster)
     # the pod's own IP only, gRPC and bulk transfers
-    listen = [role.kind, "--host", "$(POD_IP)", "--port", str(ROLE_PORT), "--bulk-port", str(BULK_PORT)]
+    listen = [
+        process_kind(role.kind),
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(ROLE_PORT),
+        "--bulk-port",
+        str(BULK_PORT),
+    ]
     container: dict[str, Any] = {
         "name": role.kind,
         "image": cluster.image,

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from weightstream.plan import REPLICA
+
 __all__ = ["Node", "NodeRule", "Placement", "PlacementError", "PlacementRules", "place"]
 
 SERVER_KINDS = ("memoryx", "swarmx")
@@ -121,4 +123,10 @@ def place(counts: Mapping[str, int], nodes: Sequence[Node], rules: PlacementRule
             )
         for i, role in enumerate(servers):
             out[role] = pool[i % len(pool)]
+    for i in range(counts.get(REPLICA, 0)):
+        # a shard's replica is there to outlive the shard's host: on any other node that may serve, if any
+        shard = out[f"memoryx-{i}"]
+        elsewhere = [n for n in ordered if n.name != shard.name and rules.servers.admits(n)]
+        elsewhere = elsewhere or [n for n in ordered if n.name != shard.name]
+        out[f"{REPLICA}-{i}"] = elsewhere[i % len(elsewhere)] if elsewhere else shard
     return Placement(out)
