@@ -113,6 +113,37 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     wait_until(lambda: not alive(), lambda: f"every struck role to be gone ({alive()} are not)", 10)
 
 
+@pytest.mark.slow  # ~25 s, beside the chaos test's fault-free run
+def test_with_replicas_a_lost_memoryx_shard_replays_no_step(tmp_path: Path, fault_free: Path) -> None:
+    """``memoryx_replicas: 1`` and no recovery snapshots: a shard whose process is killed fails over to its
+    replica, a killed replica is built again, and no step is ever replayed (without replicas, each loss
+    here would roll back to the seed's state or the step-60 checkpoint). The result is bitwise the
+    fault-free run's, which had no replicas: a replica changes nothing in the numbers."""
+    model_dir = tmp_path / "m"
+    proc = start_run(_params(tmp_path, memoryx_replicas=1, recovery_snapshot_steps=0), model_dir)
+    # (step, process): shard 0's own, then shard 1's replica, then the process serving shard 0 after its
+    # failover, the one started as its replica
+    strikes = [(10, "memoryx-0"), (30, "memoryx-replica-1"), (50, "memoryx-replica-0")]
+    try:
+        for step, role in strikes:
+            wait_for_step(proc, model_dir, step)
+            os.kill(role_pid(model_dir, role), signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    run_log = (model_dir / "run.log").read_text()
+    assert run_log.count("replacing it") == len(strikes)
+    assert run_log.count("memoryx-0 fails over to its replica") == 2, run_log
+    recovered = [line for line in run_log.splitlines() if "recovered in" in line]
+    assert len(recovered) == len(strikes) and all("replaying 0 steps" in line for line in recovered), (
+        recovered
+    )
+    assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert logged_losses(model_dir) == logged_losses(fault_free)
+
+
 @pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run
 def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fault_free: Path) -> None:
     """SIGTERM (a pod evicted or deleted, a service manager stopping a unit) is a graceful stop: the role
