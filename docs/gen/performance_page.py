@@ -174,7 +174,29 @@ BENCHES: dict[str, Bench] = {
                 "faulty run bitwise equal to the fault-free one", _at("bitwise_equal"), Target("==", True)
             ),
             Figure("SIGKILL noticed, median", _at("detection_s_sigkill_median"), unit="s"),
+            Figure("SIGSTOP (a hung role) noticed", _at("detection_s_sigstop"), unit="s"),
             Figure("recovery, median", _at("recovery_s_median"), unit="s"),
+            Figure(
+                "steps replayed after MemoryX faults (with replicas)",
+                _at("replay_steps_after_memoryx_faults"),
+            ),
+        ),
+    ),
+    "replicas": Bench(
+        "What MemoryX replicas cost without faults",
+        (
+            Figure(
+                "step time with replicas / neither replicas nor snapshots",
+                _at("ratio_to_none", "replicas", "step_s_median"),
+            ),
+            Figure(
+                "MemoryX memory with replicas / without",
+                _at("ratio_to_none", "replicas", "memoryx_rss_peak"),
+            ),
+            Figure(
+                "step time with snapshots every 10 steps / neither (mean)",
+                _at("ratio_to_none", "snapshots", "step_s_mean"),
+            ),
         ),
     ),
     "rpc_costs": Bench(
