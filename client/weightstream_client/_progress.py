@@ -12,18 +12,23 @@ def recovery_line(e: dict[str, Any]) -> str | None:
     """A fault-recovery event as one line for a person, or None for any other event:
     ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
     failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
-    ``step 20  recovered in 0.4s (replaying 5 steps)`` (``step``: the step every shard holds now)."""
+    ``step 20  recovered in 0.4s (replaying 5 steps): replaced worker-1`` (``step``: the step every shard
+    holds now; what was done, where the service says)."""
     kind = e.get("kind")
     if kind == "restart":
         budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
-        return f"step {e.get('step')}  restart {budget}: {e.get('reason', e.get('role', ''))}"
+        host = f" (host {e['host']})" if e.get("host") else ""
+        return f"step {e.get('step')}  restart {budget}: {e.get('reason', e.get('role', ''))}{host}"
     if kind == "retry":
         return f"step {e.get('step')}  retry: {e.get('reason', '')}"
     if kind == "recovered":
         n = e.get("replay_steps", 0)
         took = e.get("recovery_s")
         took_s = f"{took:.1f}s" if isinstance(took, int | float) else "?"
-        return f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'})"
+        action = f": {e['action']}" if e.get("action") else ""
+        return (
+            f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'}){action}"
+        )
     return None
 
 

@@ -121,14 +121,17 @@ def run_job(
             case RestartEvent():
                 progress.console.print(
                     f"step {e.step:>6}  [yellow]restart {e.restarts}/{e.max_role_restarts}:[/yellow] "
-                    f"{escape(e.reason)}",
+                    f"{escape(e.reason)}{f' (host {escape(e.host)})' if e.host else ''}",
                     soft_wrap=True,
                 )
             case RetryEvent():
                 progress.console.print(f"step {e.step:>6}  [yellow]retry:[/yellow] {escape(e.reason)}")
             case RecoveredEvent():
                 replay = f", replaying {e.replay_steps} steps" if e.replay_steps else ""
-                progress.console.print(f"step {e.step:>6}  recovered in {e.recovery_s:.1f}s{replay}")
+                action = f": {escape(e.action)}" if e.action else ""
+                progress.console.print(
+                    f"step {e.step:>6}  recovered in {e.recovery_s:.1f}s{replay}{action}", soft_wrap=True
+                )
 
     t0 = time.monotonic()
     try:

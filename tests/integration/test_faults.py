@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,7 @@ def test_with_replicas_a_lost_memoryx_shard_replays_no_step(tmp_path: Path, faul
         for step, role in strikes:
             wait_for_step(proc, model_dir, step)
             os.kill(role_pid(model_dir, role), signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -140,6 +141,11 @@ def test_with_replicas_a_lost_memoryx_shard_replays_no_step(tmp_path: Path, faul
     assert len(recovered) == len(strikes) and all("replaying 0 steps" in line for line in recovered), (
         recovered
     )
+    # the progress output names the host each process was lost on, and what each recovery did
+    host = socket.gethostname()
+    assert out.count(f"(host {host})") == len(strikes), out
+    assert out.count("memoryx-0 failed over to its replica; rebuilt the replica of memoryx-0") == 2, out
+    assert "rebuilt the replica of memoryx-1" in out, out
     assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
     assert logged_losses(model_dir) == logged_losses(fault_free)
 

@@ -34,6 +34,7 @@ TOP_LEVEL_TESTS = {
     "test_performance_page.py": "docs/gen/performance_page.py",
     "test_progress_refresh.py": "the progress bars of the server's and the client's commands",
     "test_readme.py": "README.md",
+    "test_recovery_lines.py": "the client's lines for fault recovery (weightstream_client, not weightstream)",
     "test_reference_pages.py": "docs/gen's reference pages",
     "test_repo.py": "the repository's own rules",
     "test_role_closed.py": "a role closed mid-call, across every role kind",

@@ -1,9 +1,10 @@
 """Prometheus metrics of the job service: jobs by status, slots, each running job's last step, and role
-replacements by kind (fault recovery)."""
+replacements by role kind and by how the role was lost (fault recovery)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -12,6 +13,7 @@ from prometheus_client.registry import Collector
 from weightstream.jobs.service import JobService
 from weightstream.jobs.store import TRANSITIONS
 from weightstream.plan import ROLE_KINDS
+from weightstream.training.events import FaultKind
 
 __all__ = ["register_metrics"]
 
@@ -44,6 +46,7 @@ class JobsCollector(Collector):
                 step_time.add_metric([job.id], d["step_time_s"])
         yield from (steps, tps, step_time)
         yield self._restarts()
+        yield self._faults()
 
     def _restarts(self) -> CounterMetricFamily:
         """Counted from the stored restart events, not in memory: the counter survives a service restart
@@ -59,6 +62,20 @@ class JobsCollector(Collector):
         for kind, n in counts.items():
             restarts.add_metric([kind], n)
         return restarts
+
+    def _faults(self) -> CounterMetricFamily:
+        """The same replacements by how the role was lost (``died``: its process ended; ``hung``: it
+        stopped answering, stopped or cut off, and was killed), every fault kind present from the start."""
+        counts: dict[str, int] = dict.fromkeys(get_args(FaultKind), 0)
+        counts.update(self.service.store.role_restarts(by="fault"))
+        faults = CounterMetricFamily(
+            "weightstream_role_faults",  # exposed with the counter's suffix: ..._total
+            "roles lost and replaced by fault recovery, over every job, by how they were lost",
+            labels=["fault"],
+        )
+        for fault, n in counts.items():
+            faults.add_metric([fault], n)
+        return faults
 
 
 def register_metrics(registry: CollectorRegistry, service: JobService) -> None:

@@ -302,17 +302,22 @@ class JobStore:
             ).fetchone()
         return _row_event(row) if row else None
 
-    def role_restarts(self, job_id: str | None = None) -> dict[str, int]:
+    def role_restarts(self, job_id: str | None = None, by: str = "role_kind") -> dict[str, int]:
         """Role replacements of job ``job_id`` (of every job ever run when None), by role kind
-        (``worker``, ``memoryx``, ...), from the stored "restart" events: one grouped query over the
-        partial index ``events_restart``, so it costs the number of restarts, not of events, and counts
-        the same after a service restart."""
+        (``worker``, ``memoryx``, ...; ``by="fault"``: by how the role was lost, ``died`` or ``hung``;
+        events stored before that field count as ``died``), from the stored "restart" events: one grouped
+        query over the partial index ``events_restart``, so it costs the number of restarts, not of events,
+        and counts the same after a service restart."""
+        if by not in ("role_kind", "fault"):
+            raise ValueError(f"restarts are counted by role_kind or fault, not {by!r}")
         where, args = (
             ("kind = 'restart'", ()) if job_id is None else ("kind = 'restart' AND job_id = ?", (job_id,))
         )
+        default = "'died'" if by == "fault" else "NULL"
         with self._lock:
             rows = self._db.execute(
-                f"SELECT json_extract(data, '$.role_kind'), COUNT(*) FROM events WHERE {where} GROUP BY 1",
+                f"SELECT COALESCE(json_extract(data, '$.{by}'), {default}), COUNT(*) FROM events "
+                f"WHERE {where} GROUP BY 1",
                 args,
             ).fetchall()
         return {str(kind): n for kind, n in rows if kind is not None}

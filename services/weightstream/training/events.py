@@ -12,9 +12,9 @@ the job service stores as the event's data under its ``kind`` (a status event's 
   step        the ``StepRecord``'s fields (``records``), tokens_per_second, max_steps
   eval        step, eval_loss
   checkpoint  step, path
-  restart     role, role_kind, step, reason, restarts, max_role_restarts
+  restart     role, role_kind, step, reason, restarts, max_role_restarts, fault, host
   retry       step, reason
-  recovered   step, replay_steps, recovery_s, generation, restarts, addresses
+  recovered   step, replay_steps, recovery_s, generation, restarts, addresses, action
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "EvalEvent",
     "EventKind",
     "EventSink",
+    "FaultKind",
     "JobEvent",
     "RecoveredEvent",
     "RestartEvent",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered"]
+# how a role was lost: its process ended (killed, crashed, evicted), or it stopped answering (stopped,
+# partitioned, its host gone) and was killed
+FaultKind = Literal["died", "hung"]
 Addresses = dict[str, list[str]]  # every role's address, by kind
 
 
@@ -159,6 +163,8 @@ class RestartEvent(JobEvent):
     reason: str  # how it was lost, and where its log is
     restarts: int
     max_role_restarts: int
+    fault: FaultKind = "died"
+    host: str = ""  # the host it ran on, as its ready file says ("" where unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,3 +188,5 @@ class RecoveredEvent(JobEvent):
     generation: int
     restarts: int  # replacements so far in this run
     addresses: Addresses  # every role's, a replacement's new one included (the dashboard shows it)
+    # what was done, in words: the roles replaced, a shard's failover to its replica, a rollback
+    action: str = ""

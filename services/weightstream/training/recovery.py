@@ -20,6 +20,7 @@ How the runner recovers (``runner.JobRunner._recover``):
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.base import BackendError, RoleSpec, ready_file
 from weightstream.plan import REPLICA
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import EventSink, RecoveredEvent, RestartEvent, RetryEvent
@@ -37,6 +38,7 @@ from weightstream.training.roles import RolePlane
 __all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
 
 PROBE_TIMEOUT_S = 5.0  # a role that does not answer Health within this long after a fault is hung
+HUNG = "(hung)"  # in the words of every loss of a role that was there but did not answer
 EXIT_GRACE_S = 2.0  # how long a role that does not answer may take to be seen dead before it counts as hung
 
 # status codes of a failed call that a retry may cure; any other (INVALID_ARGUMENT, PERMISSION_DENIED, ...)
@@ -145,6 +147,7 @@ class Recovery:
         self.roles, self.budget, self.log = roles, budget, log
         self.backend, self.plan = roles.backend, roles.plan
         self.emit, self.cancelled, self.wait_ready, self.snapshot = emit, cancelled, wait_ready, snapshot
+        self._failed_over: frozenset[int] = frozenset()  # the shards the fault being recovered failed over
         self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
 
     def recover(
@@ -182,7 +185,7 @@ class Recovery:
             if not hung or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        how = f"did not answer a health check within {self.probe_s:g}s (hung); killed"
+        how = f"did not answer a health check within {self.probe_s:g}s {HUNG}; killed"
         return {**dead, **{r: f"{r.name} {how}" for r in hung}}
 
     def _once(
@@ -201,6 +204,8 @@ class Recovery:
                     reason=how,
                     restarts=self.budget.restarts,
                     max_role_restarts=self.budget.max_restarts,
+                    fault="hung" if HUNG in how else "died",
+                    host=self._host_of(role),
                 )
             )
         if not lost:
@@ -210,6 +215,10 @@ class Recovery:
             raise JobCancelled("cancelled")
         addresses = self.roles.addresses
         keeps, rebuild = self._shards_after(lost)
+        done_here = (
+            [f"replaced {', '.join(sorted(r.name for r in lost))}"] if lost else ["ran the step again"]
+        )
+        done_here += [f"memoryx-{i} failed over to its replica" for i in sorted(self._failed_over)]
         if lost:
             try:
                 self.backend.restart(list(lost))
@@ -231,8 +240,10 @@ class Recovery:
         if now_at is None:  # a shard's state is lost: every shard goes back to the recovery point
             now_at, path = point
             self._configure(addresses, str(path) if path else None, lost)
+            done_here.append(f"rolled every MemoryX shard back to step {now_at}")
         elif rebuild:
             self._rebuild(rebuild, now_at, point)
+            done_here.append(f"rebuilt the replica of {', '.join(f'memoryx-{i}' for i in sorted(rebuild))}")
         took = time.monotonic() - t0
         self.log.info(
             "recovered in %.1fs: generation %d, %d restarts so far, replaying %d steps from step %d",
@@ -250,9 +261,21 @@ class Recovery:
                 generation=generation,
                 restarts=self.budget.restarts,
                 addresses=self.roles.serving(),
+                action="; ".join(done_here),
             )
         )
         return now_at
+
+    def _host_of(self, role: RoleSpec) -> str:
+        """The host ``role``'s process reported in its ready file, where the backend keeps them in a run
+        directory (local, Slurm); "" where it does not (Kubernetes: the pod's node is in its events)."""
+        run_dir = getattr(self.backend, "run_dir", None)
+        if run_dir is None:
+            return ""
+        try:
+            return str(json.loads(ready_file(run_dir, role).read_text()).get("host", ""))
+        except (OSError, ValueError):
+            return ""
 
     def _shards_after(self, lost: dict[RoleSpec, str]) -> tuple[bool, frozenset[int]]:
         """What the loss of ``lost`` leaves of MemoryX: (whether every shard's state survives, the shards
@@ -264,6 +287,7 @@ class Recovery:
         serving = self.roles.serving_process
         primary = {i for i in range(counts["memoryx"]) if serving("memoryx", i) in lost}
         replica = {i for i in range(counts[REPLICA]) if serving(REPLICA, i) in lost}
+        self._failed_over = frozenset()
         if not counts[REPLICA]:
             return not primary, frozenset()
         if primary & replica:
@@ -271,6 +295,7 @@ class Recovery:
         for i in sorted(primary):
             self.log.warning("memoryx-%d fails over to its replica (%s)", i, serving(REPLICA, i).name)
             self.roles.promoted ^= {i}
+        self._failed_over = frozenset(primary)
         return True, frozenset(primary | replica)
 
     def _rebuild(self, shards: frozenset[int], step: int, point: tuple[int, Path | None]) -> None:

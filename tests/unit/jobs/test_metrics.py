@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from weightstream.jobs.metrics import JobsCollector
@@ -50,6 +51,25 @@ def test_role_restarts_count_stored_restart_events_by_kind_and_survive_a_reopen(
     expected = {"worker": 2, "memoryx": 1, "swarmx": 0, "activation": 0}
     for kind, n in expected.items():
         assert f'weightstream_role_restarts_total{{kind="{kind}"}} {n}.0' in text, text
+    store.close()
+
+
+def test_role_faults_count_restarts_by_how_the_role_was_lost(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite")
+    store.create("a", {}, 1, {}, 2, tmp_path / "a")
+    text = _scrape(store)
+    for fault in ("died", "hung"):  # present before any fault
+        assert f'weightstream_role_faults_total{{fault="{fault}"}} 0.0' in text, text
+    _restart(store, "a", "worker", 1)  # stored before events said how: counted as died
+    for n, fault in enumerate(("hung", "died", "hung"), start=2):
+        data = {"role": "swarmx-0", "role_kind": "swarmx", "step": 3, "restarts": n, "fault": fault}
+        store.add_event("a", "restart", data)
+    assert store.role_restarts(by="fault") == {"died": 2, "hung": 2}
+    text = _scrape(store)
+    assert 'weightstream_role_faults_total{fault="hung"} 2.0' in text, text
+    assert 'weightstream_role_faults_total{fault="died"} 2.0' in text, text
+    with pytest.raises(ValueError, match="role_kind or fault"):
+        store.role_restarts(by="data")  # the name goes into the query: only the two are taken
     store.close()
 
 

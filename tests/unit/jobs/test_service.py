@@ -112,6 +112,6 @@ def test_a_runners_events_are_stored_as_the_apis_send_them(tmp_path: Path) -> No
         (
             "restart",
             '{"role": "worker-0", "role_kind": "worker", "step": 2, "reason": "worker-0 was killed", '
-            '"restarts": 1, "max_role_restarts": 50}',
+            '"restarts": 1, "max_role_restarts": 50, "fault": "died", "host": ""}',
         ),
     ]

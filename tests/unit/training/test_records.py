@@ -102,7 +102,7 @@ EVENTS: list[tuple[JobEvent, str]] = [
             max_role_restarts=50,
         ),
         '{"event": "restart", "role": "memoryx-0", "role_kind": "memoryx", "step": 5, '
-        f'"reason": "{REASON}", "restarts": 1, "max_role_restarts": 50}}',
+        f'"reason": "{REASON}", "restarts": 1, "max_role_restarts": 50, "fault": "died", "host": ""}}',
     ),
     (
         RetryEvent(step=5, reason="DEADLINE_EXCEEDED: worker-0 RunStep"),
@@ -118,7 +118,7 @@ EVENTS: list[tuple[JobEvent, str]] = [
             addresses=ADDRESSES,
         ),
         '{"event": "recovered", "step": 3, "replay_steps": 1, "recovery_s": 0.9163870599986694, '
-        f'"generation": 1, "restarts": 1, "addresses": {ADDRESSES_JSON}}}',
+        f'"generation": 1, "restarts": 1, "addresses": {ADDRESSES_JSON}, "action": ""}}',
     ),
 ]
 

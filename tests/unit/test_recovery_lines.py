@@ -1,0 +1,25 @@
+"""A fault recovery as the client's progress output shows it (``recovery_line``): the host a lost role ran
+on and what the recovery did, where the service's events say; older events without them still read."""
+
+from __future__ import annotations
+
+from weightstream_client._progress import recovery_line
+
+
+def test_a_restart_names_the_host_the_role_was_lost_on() -> None:
+    e = {"kind": "restart", "step": 21, "restarts": 1, "max_role_restarts": 50, "fault": "hung"}
+    reason = "worker-1 did not answer (hung); killed"
+    assert (
+        recovery_line({**e, "reason": reason, "host": "h3"}) == f"step 21  restart 1/50: {reason} (host h3)"
+    )
+    assert recovery_line({**e, "reason": reason}) == f"step 21  restart 1/50: {reason}"
+
+
+def test_a_recovery_says_what_was_done() -> None:
+    e = {"kind": "recovered", "step": 20, "replay_steps": 0, "recovery_s": 0.42}
+    action = "replaced memoryx-0; memoryx-0 failed over to its replica"
+    assert (
+        recovery_line({**e, "action": action}) == f"step 20  recovered in 0.4s (replaying 0 steps): {action}"
+    )
+    assert recovery_line({**e, "replay_steps": 1}) == "step 20  recovered in 0.4s (replaying 1 step)"
+    assert recovery_line({"kind": "step", "step": 3}) is None
