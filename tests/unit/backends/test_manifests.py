@@ -12,6 +12,7 @@ import pytest
 from tests.params_files import TINY
 from weightstream.backends.kubernetes.manifests import (
     LABEL_COORDINATOR,
+    LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,
     ROLE_ADDRESS_ENV,
@@ -21,7 +22,7 @@ from weightstream.backends.kubernetes.manifests import (
 )
 from weightstream.backends.kubernetes.security import TOKEN_FILE, TOKEN_PLACEHOLDER
 from weightstream.params import load_params, model_def
-from weightstream.plan import make_plan
+from weightstream.plan import REPLICA, make_plan
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is a test dependency: pip install -e .[test]"
@@ -286,3 +287,22 @@ def test_without_a_data_volume_no_pod_mounts_one_and_every_manifest_is_valid() -
         assert not [v for v in volumes if "hostPath" in v or "persistentVolumeClaim" in v]
         mounted = {m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
         assert mounted <= {v["name"] for v in pod["spec"]["volumes"]}  # every mount has its volume
+
+
+def test_a_replica_is_a_memoryx_pod_asked_to_run_apart_from_its_shard() -> None:
+    docs, plan = _manifests(2, memoryx_replicas=1, num_wgt_servers=2)
+    version = kv.latest_version()
+    for doc in docs:
+        kv.validate(doc, version, strict=True)
+    replicas = _pods(docs, REPLICA)
+    assert len(replicas) == plan.counts()[REPLICA] == 2
+    for i, pod in enumerate(replicas):
+        container = pod["spec"]["containers"][0]
+        assert container["args"][0] == "memoryx"  # the MemoryX command: a replica is a MemoryX process
+        assert container["resources"] == _pods(docs, "memoryx")[i]["spec"]["containers"][0]["resources"]
+        (term,) = pod["spec"]["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert selector == {LABEL_JOB: "j1", LABEL_ROLE: "memoryx", LABEL_INDEX: str(i)}
+    assert all("affinity" not in p["spec"] for p in _pods(docs) if p not in replicas)

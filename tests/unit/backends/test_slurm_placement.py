@@ -6,6 +6,7 @@ import pytest
 
 from weightstream.backends.slurm.commands import granted_job, parse_nodes
 from weightstream.backends.slurm.placement import Node, NodeRule, PlacementError, PlacementRules, place
+from weightstream.plan import REPLICA
 
 GPT2_2CSX = {"memoryx": 2, "swarmx": 1, "activation": 1, "worker": 2}
 
@@ -96,3 +97,13 @@ def test_the_job_id_salloc_names() -> None:
     assert granted_job("salloc: Granted job allocation 12\n") == "12"
     assert granted_job("salloc: Pending job allocation 7\nsalloc: error: timed out\n") == "7"
     assert granted_job("salloc: error: invalid partition specified: x\n") is None
+
+
+def test_a_replica_goes_on_another_node_than_its_shard_where_there_is_one() -> None:
+    counts = {**GPT2_2CSX, REPLICA: 2}
+    placed = by_role(counts, nodes("h1", "h2", "h3", "h4", "h5"))
+    for i in range(2):
+        assert placed[f"{REPLICA}-{i}"] != placed[f"memoryx-{i}"]
+    assert placed[f"{REPLICA}-0"] not in (placed["worker-0"], placed["worker-1"])  # servers' nodes first
+    one = by_role({"memoryx": 1, REPLICA: 1}, nodes("h1"))
+    assert one == {"memoryx-0": "h1", f"{REPLICA}-0": "h1"}  # no other node: beside it rather than not at all

@@ -33,7 +33,7 @@ from weightstream.backends.kubernetes.security import (
 )
 from weightstream.numerics import ModelDef
 from weightstream.params import Params
-from weightstream.plan import Plan, process_kind
+from weightstream.plan import REPLICA, Plan, process_kind
 
 __all__ = [
     "LABEL_COORDINATOR",
@@ -254,7 +254,24 @@ def _pod(
             "securityContext": pod_security(),
             "containers": [container],
             "volumes": volumes,
+            **_apart_from_its_shard(job_id, role),
         },
+    }
+
+
+def _apart_from_its_shard(job_id: str, role: RoleSpec) -> dict[str, Any]:
+    """A MemoryX replica is there to outlive its shard's node: the scheduler is asked to put it on
+    another node than the shard's pod (preferred, not required: a one-node cluster still runs it)."""
+    if role.kind != REPLICA:
+        return {}
+    shard = {LABEL_JOB: job_id, LABEL_ROLE: "memoryx", LABEL_INDEX: str(role.index)}
+    term = {"labelSelector": {"matchLabels": shard}, "topologyKey": "kubernetes.io/hostname"}
+    return {
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+            }
+        }
     }
 
 

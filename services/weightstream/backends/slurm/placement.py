@@ -123,10 +123,13 @@ def place(counts: Mapping[str, int], nodes: Sequence[Node], rules: PlacementRule
             )
         for i, role in enumerate(servers):
             out[role] = pool[i % len(pool)]
+    workers_at = {n.name for n in worker_nodes}
     for i in range(counts.get(REPLICA, 0)):
-        # a shard's replica is there to outlive the shard's host: on any other node that may serve, if any
+        # a shard's replica is there to outlive the shard's host: on another node, a server's before a
+        # worker's (as the servers themselves), beside its shard only where there is no other node
         shard = out[f"memoryx-{i}"]
-        elsewhere = [n for n in ordered if n.name != shard.name and rules.servers.admits(n)]
-        elsewhere = elsewhere or [n for n in ordered if n.name != shard.name]
+        others = [n for n in ordered if n.name != shard.name]
+        serving = [n for n in others if rules.servers.admits(n)]
+        elsewhere = [n for n in serving if n.name not in workers_at] or serving or others
         out[f"{REPLICA}-{i}"] = elsewhere[i % len(elsewhere)] if elsewhere else shard
     return Placement(out)
