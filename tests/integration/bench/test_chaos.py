@@ -24,6 +24,6 @@ def test_smoke_run_recovers_from_every_kind_of_fault_bit_for_bit(capsys: pytest.
     assert json.loads(capsys.readouterr().out) == result
     assert result["faults"]["total"] == 5 and result["faults"]["by_signal"]["SIGSTOP"] == 1
     assert result["restarts"] == 5 and result["undetected_faults"] == 0
-    assert result["detection_s_sigstop"] >= result["rpc_timeout_s"]  # a hang is found by the deadline
+    assert result["detection_s_sigstop"] < result["rpc_timeout_s"]  # found by its heartbeats, before that
     assert result["replay_steps_total"] >= 3  # the first MemoryX kill rolls back to the seed's state
     assert result["bitwise_equal"] and result["losses_equal"]
