@@ -76,8 +76,8 @@ def fault_schedule(
     so that without replicas shard loss rolls back to the seed's state. The rest are evenly spaced
     at least ``min_gap`` committed steps apart: a role killed again before a step completes after its
     replacement fails the job (the runner takes it for a crash loop), and the gap also keeps one recovery
-    from overlapping the next. The worker fault nearest the middle is a SIGSTOP (a hung role, found only
-    by the RPC deadline and a health probe). The last fault leaves at least ``min_gap`` steps to run."""
+    from overlapping the next. The worker fault nearest the middle is a SIGSTOP (a hung role, found by its
+    heartbeats). The last fault leaves at least ``min_gap`` steps to run."""
     kinds_here = [k for k in KINDS if counts.get(k, 0)]
     if faults < len(kinds_here):
         raise ValueError(f"faults={faults}: at least {len(kinds_here)} are needed to hit every kind of role")
@@ -403,7 +403,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--faults", type=int, default=20)
-    ap.add_argument("--rpc-timeout", type=float, default=10.0, help="runconfig.rpc_timeout_s: bounds a hang")
+    ap.add_argument("--rpc-timeout", type=float, default=10.0, help="runconfig.rpc_timeout_s")
     ap.add_argument("--snapshot-steps", type=int, default=10, help="runconfig.recovery_snapshot_steps")
     ap.add_argument("--checkpoint-steps", type=int, default=100)
     ap.add_argument("--hidden", type=int, default=256)

@@ -1,8 +1,9 @@
 """A `weightstream run` to strike faults at, and what a test reads of it: the steps it logged, a role's pid,
-its losses, and whether two runs' checkpoints are bitwise the same."""
+its losses, when run.log says something, and whether two runs' checkpoints are bitwise the same."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 from pathlib import Path
@@ -40,6 +41,16 @@ def wait_for_step(proc: subprocess.Popen[str], model_dir: Path, step: int, timeo
 
 def role_pid(model_dir: Path, role: str) -> int:
     return int(json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"])
+
+
+def run_log_line(model_dir: Path, text: str) -> tuple[float, str]:
+    """The first line of the run's run.log that holds ``text``, with when it was logged (seconds since
+    the epoch, as ``time.time()``; run.log's times are local and to the millisecond)."""
+    for line in (model_dir / "run.log").read_text().splitlines():
+        if text in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp(), line
+    raise AssertionError(f"no line of {model_dir / 'run.log'} holds {text!r}")
 
 
 def logged_losses(model_dir: Path) -> list[tuple[int, Any, Any]]:

@@ -2,15 +2,18 @@
 
 The chaos test kills a process of every role kind (MemoryX twice: before any recovery snapshot or
 checkpoint exists, and later) and SIGSTOPs a worker for good; the job must finish by itself with a final
-checkpoint bitwise equal to a fault-free run of the same params and the same losses, step for step.
+checkpoint bitwise equal to a fault-free run of the same params and the same losses, step for step. A
+SIGSTOPped role is found by its heartbeats, within seconds, whatever the calls' deadline.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from tests.integration.faults import (
     assert_checkpoints_bitwise_equal,
     logged_losses,
     role_pid,
+    run_log_line,
     start_run,
     steps_logged_while_running,
     wait_for_step,
@@ -42,7 +46,7 @@ def _params(tmp: Path, **runconfig: Any) -> Path:
             "log_steps": 1,
             "checkpoint_steps": 60,
             "recovery_snapshot_steps": 10,
-            "rpc_timeout_s": 8.0,  # how long a SIGSTOPped role goes unnoticed
+            "rpc_timeout_s": 8.0,  # bounds any wait; a SIGSTOPped role is found by its heartbeats first
             **runconfig,
         }
     )
@@ -67,7 +71,7 @@ SCHEDULE = [
     (38, "swarmx-0", signal.SIGKILL),
     (54, "activation-0", signal.SIGKILL),
     (75, "memoryx-1", signal.SIGKILL),
-    (95, "worker-0", signal.SIGSTOP),  # never resumed: found by the deadline, killed and replaced
+    (95, "worker-0", signal.SIGSTOP),  # never resumed: found by its heartbeats, killed and replaced
 ]
 
 
@@ -148,6 +152,41 @@ def test_with_replicas_a_lost_memoryx_shard_replays_no_step(tmp_path: Path, faul
     assert "rebuilt the replica of memoryx-1" in out, out
     assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
     assert logged_losses(model_dir) == logged_losses(fault_free)
+
+
+@pytest.mark.slow  # ~20 s, beside the chaos test's fault-free run
+def test_a_hung_worker_is_found_by_its_heartbeats_and_replaced_within_3s_bitwise(
+    tmp_path: Path, fault_free: Path
+) -> None:
+    """A worker SIGSTOPped for good mid-run, with calls' deadline at 60 s: only its heartbeats
+    (runconfig.heartbeat_timeout_s, 2 s) can find it within 3 s. It is replaced, named with the time since
+    its last answer, and the job ends bitwise where a fault-free run does."""
+    model_dir = tmp_path / "m"
+    proc = start_run(_params(tmp_path, rpc_timeout_s=60.0), model_dir)
+    try:
+        wait_for_step(proc, model_dir, 40)
+        pid = role_pid(model_dir, "worker-1")
+        stopped_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    replaced_at, line = run_log_line(model_dir, "replacing it")
+    assert re.search(r"worker-1 did not answer heartbeats for \d+\.\ds \(hung\); killed", line), line
+    assert replaced_at - stopped_at < 3.0, f"replaced {replaced_at - stopped_at:.2f}s after the stop: {line}"
+    assert any("restart 1/50" in x and "worker-1" in x and "hung" in x for x in out.splitlines()), out
+    assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert logged_losses(model_dir) == logged_losses(fault_free)
+
+    def left_behind() -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    wait_until(lambda: not left_behind(), f"the stopped worker (pid {pid}) to be gone", 10)
 
 
 @pytest.mark.slow  # ~15 s, beside the chaos test's fault-free run

@@ -34,7 +34,7 @@ class _Store:
     def last_event(self, job_id: str, kind: str) -> dict[str, Any]:
         return {"data": {"step": 1, "tokens_per_second": 1.0, "step_time_s": 1.0}}
 
-    def role_restarts(self) -> dict[str, int]:
+    def role_restarts(self, job_id: str | None = None, by: str = "role_kind") -> dict[str, int]:
         return {}
 
 

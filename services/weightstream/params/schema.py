@@ -172,6 +172,11 @@ class RunConfig(Section):
     rpc_timeout_s: PositiveFloat = Field(
         120.0, description="deadline of every call and every wait between roles, in seconds"
     )
+    heartbeat_timeout_s: PositiveFloat = Field(
+        2.0,
+        description="a role that has not answered the coordinator's heartbeats (one every 0.5 s) for this "
+        "many seconds is hung (SIGSTOPped, partitioned): the step fails, and the role is killed and replaced",
+    )
     # a lost shard rolls the job back to the newest snapshot or checkpoint and replays the steps since
     max_role_restarts: NonNegativeInt = Field(
         50, description="role replacements (fault recovery) a job may need in all before it fails"

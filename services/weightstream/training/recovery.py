@@ -1,8 +1,9 @@
 """Fault recovery's bookkeeping: which roles were replaced, when and why; the restart budget; backoff.
 
 How the runner recovers (``runner.JobRunner._recover``):
-  1. find what is wrong: roles the backend reports dead, and roles that do not answer a Health probe
-     within ``probe_timeout_s`` (hung: SIGSTOPped, partitioned), which are killed;
+  1. find what is wrong: roles the backend reports dead, and hung roles (SIGSTOPped, partitioned), which
+     are killed: those that have not answered heartbeats for ``runconfig.heartbeat_timeout_s``
+     (training/heartbeats.py), and those that do not answer a Health probe within that long;
   2. ask this budget: past ``runconfig.max_role_restarts`` replacements, or when a replaced role dies again
      before the job has completed a step since (a bad config, a data error), the job fails with the whole
      history; a role replaced again soon waits a backoff first;
@@ -33,11 +34,12 @@ from weightstream.backends.base import BackendError, RoleSpec, ready_file
 from weightstream.plan import REPLICA
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import EventSink, RecoveredEvent, RestartEvent, RetryEvent
+from weightstream.training.heartbeats import Heartbeats
 from weightstream.training.roles import RolePlane
 
 __all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
 
-PROBE_TIMEOUT_S = 5.0  # a role that does not answer Health within this long after a fault is hung
+PROBE_TIMEOUT_S = 5.0  # how long a shard may take to say which step it holds, once configured again
 HUNG = "(hung)"  # in the words of every loss of a role that was there but did not answer
 EXIT_GRACE_S = 2.0  # how long a role that does not answer may take to be seen dead before it counts as hung
 
@@ -149,6 +151,7 @@ class Recovery:
         self.emit, self.cancelled, self.wait_ready, self.snapshot = emit, cancelled, wait_ready, snapshot
         self._failed_over: frozenset[int] = frozenset()  # the shards the fault being recovered failed over
         self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
+        self.hung_s = min(roles.heartbeats.timeout_s, roles.timeout_s)  # silent this long: hung
 
     def recover(
         self, fault: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
@@ -168,32 +171,45 @@ class Recovery:
             except RoleFault as again:
                 error = again
 
-    def _lost(self) -> dict[RoleSpec, str]:
-        """Roles the backend reports dead, and roles that do not answer (the restart kills them), each
-        with how it was lost."""
+    def _lost(self, since: float) -> dict[RoleSpec, str]:
+        """Roles the backend reports dead, and hung roles (the restart kills them), each with how it was
+        lost. ``since``: when the fault was found (monotonic).
+
+        A role the heartbeats already found unresponsive is hung, with no probe; one that answered a
+        heartbeat since ``since`` is alive; the others are probed, with the heartbeat timeout as the
+        deadline: an answer from before the fault proves nothing, as a role killed a moment ago answered
+        one just before."""
         dead = self.backend.dead()
         alive = [RoleSpec(k, i) for k, i in self.plan.roles() if RoleSpec(k, i) not in dead]
-        replies = self.roles.probe(alive, self.probe_s)
-        hung = {r for r in alive if replies[r] is None}
+        beats = self.roles.heartbeats
+        silent = beats.unresponsive()
+        hung = {r: Heartbeats.message(r, silent[r]) for r in alive if r in silent}
+        unknown = [r for r in alive if r not in hung and not beats.answered_since(r, since)]
+        replies = self.roles.probe(unknown, self.hung_s) if unknown else {}
+        how = f"did not answer a health check within {self.hung_s:g}s {HUNG}"
+        hung |= {r: f"{r.name} {how}" for r in unknown if replies[r] is None}
         # A role killed a moment ago refuses the probe before the backend sees it exit (a SIGKILLed process
-        # can take a while to be gone, under load over a second): look again for a moment, so that it is
-        # reported dead, with how it died, not hung
-        deadline = time.monotonic() + EXIT_GRACE_S
+        # can take a while to be gone, under load over a second): look again for EXIT_GRACE_S from when it
+        # fell silent (its last heartbeat; the probe, where none is known), so that it is reported dead,
+        # with how it died, not hung. A role silent for the heartbeat timeout has had its grace already.
+        now = time.monotonic()
+        deadline = max((now - (beats.silence(r) or 0.0) + EXIT_GRACE_S for r in hung), default=now)
         while hung:
             dead |= {r: how for r, how in self.backend.dead().items() if r in hung}
-            hung -= dead.keys()
+            hung = {r: how for r, how in hung.items() if r not in dead}
             if not hung or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        how = f"did not answer a health check within {self.probe_s:g}s {HUNG}; killed"
-        return {**dead, **{r: f"{r.name} {how}" for r in hung}}
+        return {**dead, **{r: f"{how}; killed" for r, how in hung.items()}}
 
     def _once(
         self, error: RoleFault, at: int, done: int, applying: int | None, point: tuple[int, Path | None]
     ) -> int:
         t0 = time.monotonic()
-        lost = self._lost()
+        lost = self._lost(since=t0)
         backoff = self.budget.admit(lost, at, error)  # raises JobFailed past the budget
+        if lost:  # a role being replaced answers nothing: no verdict until every role is configured again
+            self.roles.heartbeats.pause()
         for role, how in lost.items():
             self.log.warning("step %d: %s; replacing it", at + 1, how)
             self.emit(

@@ -1,9 +1,11 @@
-"""The coordinator's side of the role plane: configure every role, call them all at once, probe them.
+"""The coordinator's side of the role plane: configure every role, call them all at once, probe them,
+watch their heartbeats.
 
 One ``RolePlane`` per run. Each (re)configuration opens fresh channels that carry the current generation
 (``transport.fencing``) and closes the previous ones, which cancels whatever calls of the interrupted
 attempt were still waiting. The calls of a step go through the typed clients it then makes,
-``memoryx`` and ``workers`` (training/clients.py), over those channels.
+``memoryx`` and ``workers`` (training/clients.py), over those channels; the heartbeats
+(training/heartbeats.py) go over its Control channels, one per role.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -21,6 +24,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
 from weightstream.training.clients import MemoryXClient, WorkerClient
 from weightstream.training.errors import JobFailed, RoleFault
+from weightstream.training.heartbeats import Heartbeats, Ping
 from weightstream.transport.rpc import call, open_channel
 
 __all__ = ["RolePlane"]
@@ -41,6 +45,11 @@ def uses_shared_memory(data_plane: str, backend: Backend) -> bool:
     return data_plane != "grpc"
 
 
+def _health(control: rpc.ControlStub, timeout_s: float) -> None:
+    """A heartbeat: Control.Health with a deadline of ``timeout_s``; raises grpc.RpcError unanswered."""
+    control.Health(pb.Empty(), timeout=timeout_s)
+
+
 class RolePlane:
     def __init__(
         self,
@@ -50,9 +59,13 @@ class RolePlane:
         job_id: str,
         credential: str,
         timeout_s: float,
+        heartbeat_timeout_s: float = 2.0,
     ) -> None:
+        """``timeout_s``: the deadline of every call (``runconfig.rpc_timeout_s``); a role that has not
+        answered heartbeats for ``heartbeat_timeout_s`` is hung (``runconfig.heartbeat_timeout_s``)."""
         self.backend, self.plan, self.params, self.job_id = backend, plan, params, job_id
         self.credential, self.timeout_s = credential, timeout_s
+        self.heartbeats = Heartbeats(heartbeat_timeout_s)
         self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
         self.addresses: dict[str, list[str]] = {}  # the processes', by kind and index, as started
         self.promoted: set[int] = set()  # shards served by the process started as their replica
@@ -66,6 +79,7 @@ class RolePlane:
         self._pool = ThreadPoolExecutor(max(8, 3 * n), thread_name_prefix="coord")
 
     def close(self) -> None:
+        self.heartbeats.close()
         for c in self._channels:
             c.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -93,16 +107,24 @@ class RolePlane:
         return self._pool.submit(fn)
 
     def check_roles(self, grace_s: float = 0.0) -> None:
-        """Raise RoleFault if a role has died. ``grace_s``: after a failed call, the peer's exit may reach
-        us a moment after its closed connection does, so look again for that long."""
+        """Raise RoleFault if a role has died or stopped answering heartbeats (hung). ``grace_s``: after a
+        failed call, the peer's exit may reach us a moment after its closed connection does, so look
+        again for that long."""
         deadline = time.monotonic() + grace_s
         while True:
             dead = self.backend.failures()
             if dead:
                 raise RoleFault("role died: " + "; ".join(dead))
+            self._check_heartbeats()
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.05)
+
+    def _check_heartbeats(self, kind: str | None = None) -> None:
+        """Raise RoleFault if a role (of ``kind``, or any) has not answered heartbeats for their timeout."""
+        hung = self.heartbeats.unresponsive(kind)
+        if hung:
+            raise RoleFault("; ".join(Heartbeats.message(r, s) for r, s in sorted(hung.items())))
 
     def all(
         self,
@@ -113,7 +135,8 @@ class RolePlane:
         count: int | None = None,
     ) -> list[T]:
         """Run ``fn(i)`` for every role of ``kind`` (or ``count`` calls) concurrently. Any failure raises
-        RoleFault at once, as does (with ``watch``) any role of the job dying meanwhile."""
+        RoleFault at once, as does a role of ``kind`` that stops answering heartbeats (the calls wait on
+        it) and (with ``watch``) any role of the job dying or hanging meanwhile."""
         n = self.plan.counts()[kind] if count is None else count
         futures: list[Future[T]] = [self._pool.submit(fn, i) for i in range(n)]
         deadline = time.monotonic() + timeout_s
@@ -127,6 +150,8 @@ class RolePlane:
                     raise RoleFault(str(e)) from e
             if watch:
                 self.check_roles()
+            else:
+                self._check_heartbeats(kind)
             if time.monotonic() > deadline:
                 raise RoleFault(f"{kind}s did not answer within {timeout_s:.0f}s")
         return [f.result() for f in futures]
@@ -157,10 +182,18 @@ class RolePlane:
         """Configure every role for the current generation. ``keep_state``: MemoryX shards (and replicas)
         keep their weights and state (a fault elsewhere); otherwise they load ``resume_dir`` (None: the
         seed's). ``addresses``: the processes' (``serving`` gives who serves what). ``later``: shards whose
-        replica is left unconfigured (a new process with no state yet: ``configure_replica``)."""
+        replica is left unconfigured (a new process with no state yet: ``configure_replica``). The
+        heartbeats pause meanwhile, and watch every process of the new configuration once it is done."""
+        self.heartbeats.pause()
         old, self._channels = self._channels, []
         self.addresses = addresses
         serving = self.serving()
+        pings: dict[RoleSpec, Ping] = {}  # by process, as the backend names them
+        for kind, processes in addresses.items():
+            pings |= {
+                RoleSpec(kind, i): partial(_health, rpc.ControlStub(self._channel(a)))
+                for i, a in enumerate(processes)
+            }
         for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
             controls = [rpc.ControlStub(self._channel(a)) for a in serving.get(kind, [])]
             skip = later if kind == REPLICA else frozenset()
@@ -175,6 +208,8 @@ class RolePlane:
         self._clients(serving, skip=later)
         for c in old:  # the interrupted attempt's calls still waiting end now (CANCELLED)
             c.close()
+        self.heartbeats.watch(pings)
+        self.heartbeats.start()
 
     def configure_replica(self, shard: int, resume_dir: str) -> None:
         """Configure shard ``shard``'s replica, left out by ``configure(later=...)``, from ``resume_dir`` (a

@@ -165,6 +165,7 @@ class JobRunner:
             self.job_id,
             credential,
             self.rc.rpc_timeout_s,
+            self.rc.heartbeat_timeout_s,
         )
         self.steps = StepDriver(self.roles, self.opt)
         self.recovery = Recovery(
@@ -194,6 +195,21 @@ class JobRunner:
             self.backend.stop()
             self.roles.close()
             remove_recovery_snapshots(self.model_dir)
+            self._log_heartbeats()
+
+    def _log_heartbeats(self) -> None:
+        """How close the roles came to being taken for hung: the run's slowest heartbeat answer, and the
+        longest a role went without answering."""
+        beats = self.roles.heartbeats
+        if beats.answers:
+            self.log.info(
+                "heartbeats: %d answers, the slowest in %.3fs (%s), the longest silence %.2fs (%s); "
+                "a role silent for %gs is hung",
+                beats.answers,
+                *beats.slowest,
+                *beats.longest_silence,
+                beats.timeout_s,
+            )
 
     def _wait_ready(self) -> dict[str, list[str]]:
         try:

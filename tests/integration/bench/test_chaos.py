@@ -24,7 +24,7 @@ def test_smoke_run_recovers_from_every_kind_of_fault_bit_for_bit(capsys: pytest.
     assert json.loads(capsys.readouterr().out) == result
     assert result["faults"]["total"] == 5 and result["faults"]["by_signal"]["SIGSTOP"] == 1
     assert result["restarts"] == 5 and result["undetected_faults"] == 0
-    assert result["detection_s_sigstop"] >= result["rpc_timeout_s"]  # a hang is found by the deadline
+    assert result["detection_s_sigstop"] < result["rpc_timeout_s"]  # found by its heartbeats, before that
     # replicas by default: MemoryX losses fail over and replay nothing (without them the first would roll
     # back to the seed's state; tests/integration/test_faults.py strikes a job without replicas)
     assert result["config"]["replicas"] == 1 and result["faults"]["by_kind"]["memoryx-replica"] == 1

@@ -117,6 +117,12 @@ BAD = [
         "runconfig.keep_checkpoint_max",
         "greater than 0",
     ),
+    (
+        "no heartbeat timeout",
+        ("runconfig.heartbeat_timeout_s", 0),
+        "runconfig.heartbeat_timeout_s",
+        "greater than 0",
+    ),
     ("heads do not divide", ("model.num_heads", 3), "model.hidden_size", "divisible"),
     ("batch not divisible", ("train_input.batch_size", 33), "train_input.batch_size", "num_csx"),
     ("eval batch not divisible", ("eval_input.batch_size", 31), "eval_input.batch_size", "num_csx"),
