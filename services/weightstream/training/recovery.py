@@ -41,6 +41,7 @@ __all__ = ["Fault", "Recovery", "RestartBudget", "is_transient"]
 
 PROBE_TIMEOUT_S = 5.0  # how long a shard may take to say which step it holds, once configured again
 HUNG = "(hung)"  # in the words of every loss of a role that was there but did not answer
+REFUSED_S = 0.25  # a server that is closed refuses a call within this (loopback, or a LAN's round trip)
 EXIT_GRACE_S = 2.0  # how long a role that does not answer may take to be seen dead before it counts as hung
 
 # status codes of a failed call that a retry may cure; any other (INVALID_ARGUMENT, PERMISSION_DENIED, ...)
@@ -191,9 +192,18 @@ class Recovery:
         # A role killed a moment ago refuses the probe before the backend sees it exit (a SIGKILLed process
         # can take a while to be gone, under load over a second): look again for EXIT_GRACE_S from when it
         # fell silent (its last heartbeat; the probe, where none is known), so that it is reported dead,
-        # with how it died, not hung. A role silent for the heartbeat timeout has had its grace already.
+        # with how it died, not hung. A role silent for the heartbeat timeout has had that grace already,
+        # unless its server refuses calls: then it is exiting (stopping on SIGTERM takes it a few seconds
+        # under load), not hung, and gets EXIT_GRACE_S from now.
+        exiting = self.roles.refusing(list(hung), REFUSED_S) if hung else set()
         now = time.monotonic()
-        deadline = max((now - (beats.silence(r) or 0.0) + EXIT_GRACE_S for r in hung), default=now)
+        deadline = max(
+            (
+                now + EXIT_GRACE_S if r in exiting else now - (beats.silence(r) or 0.0) + EXIT_GRACE_S
+                for r in hung
+            ),
+            default=now,
+        )
         while hung:
             dead |= {r: how for r, how in self.backend.dead().items() if r in hung}
             hung = {r: how for r, how in hung.items() if r not in dead}

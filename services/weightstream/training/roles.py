@@ -268,6 +268,22 @@ class RolePlane:
 
         return dict(zip(roles, self._pool.map(health, roles), strict=True))
 
+    def refusing(self, roles: list[RoleSpec], timeout_s: float) -> set[RoleSpec]:
+        """Those of ``roles`` whose process no longer takes calls: a Health call fails at once (its server
+        is closed: it is exiting, or gone), where a stopped or cut-off process lets it time out."""
+
+        def refuses(role: RoleSpec) -> bool:
+            channel = open_channel(self.addresses[role.kind][role.index], self.credential, self.generation)
+            try:
+                rpc.ControlStub(channel).Health(pb.Empty(), timeout=timeout_s)
+                return False
+            except grpc.RpcError as e:
+                return e.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+            finally:
+                channel.close()
+
+        return {r for r, no in zip(roles, self._pool.map(refuses, roles), strict=True) if no}
+
     def shard_steps(self, timeout_s: float, but: frozenset[RoleSpec] = frozenset()) -> list[int | None]:
         """How many steps each MemoryX process, shard or replica, has applied (None: it did not answer),
         ``but`` those named."""

@@ -37,8 +37,9 @@ class Backend:
 class Plane:
     """The role plane as ``_lost`` sees it: a probe that the victim refuses, recording what it asks."""
 
-    def __init__(self, backend: Backend, heartbeats: Heartbeats) -> None:
-        self.backend, self.heartbeats = backend, heartbeats
+    def __init__(self, backend: Backend, heartbeats: Heartbeats, refused: bool = False) -> None:
+        """``refused``: the victim's server is closed (it is exiting), rather than silent (stopped)."""
+        self.backend, self.heartbeats, self.refused = backend, heartbeats, refused
         self.plan = SimpleNamespace(roles=lambda: ROLES)
         self.timeout_s = 30.0
         self.probed: list[tuple[list[RoleSpec], float]] = []
@@ -47,10 +48,13 @@ class Plane:
         self.probed.append((roles, timeout_s))
         return {r: None if r == VICTIM else object() for r in roles}
 
+    def refusing(self, roles: list[RoleSpec], timeout_s: float) -> set[RoleSpec]:
+        return {r for r in roles if r == VICTIM and self.refused}
 
-def recovery(backend: Backend, heartbeats: Heartbeats | None = None) -> Recovery:
+
+def recovery(backend: Backend, heartbeats: Heartbeats | None = None, refused: bool = False) -> Recovery:
     """``heartbeats``: none given, a monitor that watches nothing (paused): every role is probed."""
-    plane = Plane(backend, heartbeats or Heartbeats(2.0))
+    plane = Plane(backend, heartbeats or Heartbeats(2.0), refused)
     log, cancelled = logging.getLogger("test"), threading.Event()
     no_snapshot = lambda step: Path()  # noqa: E731  (_lost takes none)
     return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot)  # type: ignore[arg-type]
@@ -116,3 +120,12 @@ def test_a_silent_role_the_backend_then_sees_dead_is_reported_dead_with_how_it_d
     rec = recovery(Backend(seen_at=2), beats)
     assert rec._lost(since=0.0) == {VICTIM: "memoryx-0 (pid 1) was killed by SIGKILL"}
     assert rec.roles.probed == []  # type: ignore[attr-defined]
+
+
+def test_a_silent_role_whose_server_refuses_calls_is_exiting_and_gets_its_grace_from_now() -> None:
+    """Stopping on SIGTERM, a role closes its server at once and may take seconds more to exit: silent
+    for the heartbeat timeout, it is not hung but on its way out, and is reported with how it ended."""
+    beats, _ = watched({VICTIM: 1000.0})
+    backend = Backend(seen_at=4)  # seen dead a few looks after the verdict of silence
+    rec = recovery(backend, beats, refused=True)
+    assert rec._lost(since=0.0) == {VICTIM: "memoryx-0 (pid 1) was killed by SIGKILL"}
