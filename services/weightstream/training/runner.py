@@ -32,6 +32,7 @@ from weightstream.training.checkpoints import (
     trim_metrics,
 )
 from weightstream.training.divergence import check_finite
+from weightstream.training.elastic import ElasticWorkers
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import (
     CheckpointEvent,
@@ -167,6 +168,9 @@ class JobRunner:
             self.rc.rpc_timeout_s,
         )
         self.steps = StepDriver(self.roles, self.opt)
+        self.elastic = ElasticWorkers(
+            self.roles, self.params, self.model, self.log, self.on_event, self._cancelled, self._wait_ready
+        )
         self.recovery = Recovery(
             self.roles,
             self.budget,
@@ -175,6 +179,7 @@ class JobRunner:
             self._cancelled,
             self._wait_ready,
             self._snapshot,
+            self.elastic,
         )
         try:
             if self._cancelled.is_set():
@@ -196,8 +201,9 @@ class JobRunner:
             remove_recovery_snapshots(self.model_dir)
 
     def _wait_ready(self) -> dict[str, list[str]]:
+        """Every process's address by process index once all of the job's listen (``RolePlane.placed``)."""
         try:
-            return self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
+            return self.roles.placed(self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s)))
         except BackendError as e:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled while starting") from e
@@ -212,6 +218,8 @@ class JobRunner:
         step's RunStep may overlap this step's update."""
         done = step + 1
         if self.state.at != step or self.state.done != step:  # a replay after a fault
+            return False
+        if self.elastic.wants_boundary:  # workers join before the next step: nothing may be sent ahead
             return False
         return done < self.rc.max_steps and not self._after(done) and not self._cancelled.is_set()
 
@@ -243,6 +251,7 @@ class JobRunner:
                         state.post.pop(0)
                     else:
                         self._check_time_limit(state.done, t0)
+                        self.elastic.at_boundary(state.done, self.steps.sent_ahead)
                         self._commit(self._step(state.done))
                 except RoleFault as e:
                     self._recover(e)
@@ -276,11 +285,14 @@ class JobRunner:
         if self.cadence.log(done):
             self.metrics.step(record, tokens_per_second)
             self.log.info(
-                "step %d loss %.5f lr %.3g |g| %.4f",
+                "step %d loss %.5f lr %.3g |g| %.4f%s",
                 done,
                 record.loss,
                 record.learning_rate,
                 record.grad_norm,
+                f" ({record.workers} of {self.rc.num_csx} workers)"
+                if record.workers < self.rc.num_csx
+                else "",
             )
         self.steps.committed()
         self.state.post = self._after(done)

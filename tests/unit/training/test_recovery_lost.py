@@ -37,11 +37,16 @@ def recovery(backend: Backend) -> Recovery:
         return {r: None if r == VICTIM else object() for r in roles}  # the victim refuses
 
     plane = SimpleNamespace(
-        backend=backend, plan=SimpleNamespace(roles=lambda: ROLES), timeout_s=30.0, probe=probe
+        backend=backend,
+        processes=lambda: [RoleSpec(k, i) for k, i in ROLES],
+        address_of=lambda role: f"{role.name}:1",
+        timeout_s=30.0,
+        probe=probe,
     )
     log, cancelled = logging.getLogger("test"), threading.Event()
     no_snapshot = lambda step: Path()  # noqa: E731  (_lost takes none)
-    return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot)  # type: ignore[arg-type]
+    # _lost uses neither the budget nor the worker count
+    return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot, None)  # type: ignore[arg-type]
 
 
 def test_a_role_whose_exit_is_seen_after_the_probe_is_reported_dead() -> None:
