@@ -13,7 +13,8 @@ def recovery_line(e: dict[str, Any]) -> str | None:
     ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
     failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
     ``step 20  recovered in 0.4s (replaying 5 steps): replaced worker-1`` (``step``: the step every shard
-    holds now; what was done, where the service says)."""
+    holds now; what was done, where the service says) and ``step 21  workers 3 -> 2: no capacity to start
+    worker-1 again within 30s`` (the job trains with fewer workers, or again with more, from ``step`` on)."""
     kind = e.get("kind")
     if kind == "restart":
         budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
@@ -21,6 +22,9 @@ def recovery_line(e: dict[str, Any]) -> str | None:
         return f"step {e.get('step')}  restart {budget}: {e.get('reason', e.get('role', ''))}{host}"
     if kind == "retry":
         return f"step {e.get('step')}  retry: {e.get('reason', '')}"
+    if kind == "workers":
+        change = f"{e.get('from_workers', '?')} -> {e.get('to_workers', '?')}"
+        return f"step {e.get('step')}  workers {change}: {e.get('reason', '')}"
     if kind == "recovered":
         n = e.get("replay_steps", 0)
         took = e.get("recovery_s")

@@ -37,6 +37,7 @@ from weightstream.training.events import (
     StartingEvent,
     StartingFromEvent,
     StepEvent,
+    WorkersEvent,
 )
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
@@ -112,7 +113,8 @@ def run_job(
                 )
                 if cadence.log(r.step):
                     line = _step_line(r.step, r.loss, r.learning_rate, r.grad_norm, e.tokens_per_second)
-                    progress.console.print(f"{line}  {r.step_time_s * 1000:.0f} ms/step")
+                    fewer = f"  {r.workers}/{rc.num_csx} workers" if r.workers < rc.num_csx else ""
+                    progress.console.print(f"{line}  {r.step_time_s * 1000:.0f} ms/step{fewer}")
             case EvalEvent():
                 progress.console.print(f"step {e.step:>6}  [cyan]eval_loss {e.eval_loss:.4f}[/cyan]")
             case CheckpointEvent():
@@ -126,6 +128,12 @@ def run_job(
                 )
             case RetryEvent():
                 progress.console.print(f"step {e.step:>6}  [yellow]retry:[/yellow] {escape(e.reason)}")
+            case WorkersEvent():
+                progress.console.print(
+                    f"step {e.step:>6}  [yellow]workers {e.from_workers} → {e.to_workers}:[/yellow] "
+                    f"{escape(e.reason)}",
+                    soft_wrap=True,
+                )
             case RecoveredEvent():
                 replay = f", replaying {e.replay_steps} steps" if e.replay_steps else ""
                 action = f": {escape(e.action)}" if e.action else ""

@@ -130,14 +130,21 @@ def _assign_units(model: ModelDef, shards: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def make_plan(params: Params, model: ModelDef | None = None) -> Plan:
+def make_plan(params: Params, model: ModelDef | None = None, num_csx: int | None = None) -> Plan:
+    """The job's plan with ``num_csx`` workers (None: ``runconfig.num_csx``). A job that goes on with fewer
+    workers (``runconfig.min_num_csx``) is planned again with as many: the same MemoryX shards, units and
+    activation servers, the SwarmX tree of that many workers (its first nodes; the job's other SwarmX
+    processes idle)."""
     model = model or model_def(params)
     rc = params.runconfig
+    workers = rc.num_csx if num_csx is None else num_csx
+    if not 1 <= workers <= rc.num_csx:
+        raise ValueError(f"a plan of {workers} workers: the job has 1 to num_csx={rc.num_csx}")
     unit_shard = _assign_units(model, rc.num_wgt_servers)
-    swarm, worker_parent = _tree(rc.num_csx, rc.swarmx_fanout)
+    swarm, worker_parent = _tree(workers, rc.swarmx_fanout)
     tensor_shard = {n: unit_shard[u] for n, u in model.owners.items()}
     return Plan(
-        rc.num_csx,
+        workers,
         rc.num_wgt_servers,
         rc.num_act_servers,
         rc.swarmx_fanout,

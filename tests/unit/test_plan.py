@@ -1,5 +1,5 @@
-"""The plan (plan.py): the SwarmX tree's shape for any number of workers and fan-out, and the units spread
-over the MemoryX shards in balance."""
+"""The plan (plan.py): the SwarmX tree's shape for any number of workers and fan-out, the units spread
+over the MemoryX shards in balance, and the plan of a job gone on with fewer workers."""
 
 from __future__ import annotations
 
@@ -41,3 +41,18 @@ def test_units_balanced_over_shards() -> None:
         load[s] += sum(model.specs[n].numel for n in model.owned_by(u))
     assert max(load) <= 1.5 * min(load)
     assert plan.tensor_shard["transformer.wte.weight"] == plan.unit_shard[0]  # owned by the embedding
+
+
+def test_a_plan_with_fewer_workers_keeps_everything_but_the_workers_and_their_tree() -> None:
+    raw = {**TINY, "train_input": {**TINY["train_input"], "batch_size": 40}}
+    raw["eval_input"] = {**TINY["eval_input"], "batch_size": 40}
+    params = load_params(raw, overrides={"num_csx": 5, "min_num_csx": 4, "swarmx_fanout": 4})
+    full, fewer = make_plan(params), make_plan(params, num_csx=4)
+    assert make_plan(params, num_csx=5) == full  # back to num_csx: the job's own plan, exactly
+    assert (fewer.num_csx, len(fewer.swarm), len(full.swarm)) == (4, 1, 3)  # 4 fit one node; 5 need 2 + root
+    assert fewer.worker_parent == (0, 0, 0, 0) and fewer.root == 0
+    same = ("num_wgt_servers", "num_act_servers", "fanout", "unit_shard", "tensor_shard", "memoryx_replicas")
+    assert all(getattr(fewer, k) == getattr(full, k) for k in same)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=f"a plan of {bad} workers: the job has 1 to num_csx=5"):
+            make_plan(params, num_csx=bad)

@@ -1,5 +1,6 @@
 """A fault recovery as the client's progress output shows it (``recovery_line``): the host a lost role ran
-on and what the recovery did, where the service's events say; older events without them still read."""
+on and what the recovery did, where the service's events say; older events without them still read; and a
+change of the job's worker count (elastic workers)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,9 @@ def test_a_recovery_says_what_was_done() -> None:
     )
     assert recovery_line({**e, "replay_steps": 1}) == "step 20  recovered in 0.4s (replaying 1 step)"
     assert recovery_line({"kind": "step", "step": 3}) is None
+
+
+def test_a_change_of_the_worker_count_says_from_what_to_what_and_why() -> None:
+    e = {"kind": "workers", "step": 6, "from_workers": 3, "to_workers": 2}
+    why = "no capacity to start worker-1 again within 30s"
+    assert recovery_line({**e, "reason": why}) == f"step 6  workers 3 -> 2: {why}"

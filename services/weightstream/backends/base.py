@@ -2,7 +2,8 @@
 
 A backend starts every role of a job, reports each one's address once it listens, tells the coordinator
 when a role has died (and how), replaces single roles while the others run on (the coordinator's fault
-recovery), and stops everything, leaving nothing behind.
+recovery), says when it has no room for a replacement now (``NoCapacityError``: the job may go on with fewer
+workers, and ``retire`` them until there is), and stops everything, leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from weightstream.plan import process_kind
 __all__ = [
     "Backend",
     "BackendError",
+    "NoCapacityError",
     "RoleSpec",
     "by_kind",
     "read_ready",
@@ -31,6 +33,15 @@ __all__ = [
 
 class BackendError(RuntimeError):
     """A role could not be started, did not become ready, or died."""
+
+
+class NoCapacityError(BackendError):
+    """Some roles cannot be placed now (no node, slot or resource free for them); it may pass. ``roles``:
+    those not started, in the order asked for; every other role of the same call was started."""
+
+    def __init__(self, roles: list[RoleSpec], why: str) -> None:
+        self.roles = list(roles)
+        super().__init__(f"no capacity for {', '.join(r.name for r in self.roles)} now: {why}")
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,8 @@ class Backend(Protocol):
         ...
 
     def wait_ready(self, timeout_s: float) -> dict[str, list[str]]:
-        """Addresses by kind, in index order, once every role listens."""
+        """Addresses by kind, in index order, once every role listens: every role of the job but those
+        retired (``retire``), which have none."""
         ...
 
     def failures(self) -> list[str]:
@@ -69,7 +81,15 @@ class Backend(Protocol):
     def restart(self, roles: list[RoleSpec]) -> None:
         """Replace each of ``roles``: kill it if it is still there (a hung role: SIGKILL, or its pod deleted
         at once), wait until it is gone, and start it again with the job's credential. Returns once they
-        are started; ``wait_ready`` then gives every role's address (a replacement's may be new)."""
+        are started; ``wait_ready`` then gives every role's address (a replacement's may be new). A retired
+        role (``retire``) is started again the same way and is the job's again from then on. Raises
+        NoCapacityError, having started the others, when some cannot be placed now."""
+        ...
+
+    def retire(self, roles: list[RoleSpec]) -> None:
+        """Forget ``roles``, which the job goes on without (a worker whose replacement found no capacity):
+        stop each one still running, and never report it dead again (``failures``, ``dead``) nor wait
+        for it (``wait_ready``) until ``restart`` starts it again."""
         ...
 
     def stop(self) -> None:

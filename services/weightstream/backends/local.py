@@ -66,7 +66,8 @@ class LocalProcessBackend:
                 return
 
     def restart(self, roles: list[RoleSpec]) -> None:
-        """Kill each of ``roles`` that still runs (SIGKILL: it may be hung), and start it again."""
+        """Kill each of ``roles`` that still runs (SIGKILL: it may be hung), and start it again (a retired
+        one too). This host always has room: it never raises NoCapacityError."""
         for role in roles:
             with self._lock:
                 old = self.procs.get(role)
@@ -76,6 +77,21 @@ class LocalProcessBackend:
                 old.wait(timeout=30)
             if not self._spawn(role):
                 return
+
+    def retire(self, roles: list[RoleSpec], grace_s: float = 3.0) -> None:
+        """Forget each of ``roles`` (the job goes on without it): SIGTERM it if it still runs, SIGKILL after
+        ``grace_s``. ``restart`` starts it again."""
+        for role in roles:
+            with self._lock:
+                proc = self.procs.pop(role, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
 
     def _spawn(self, role: RoleSpec) -> bool:
         """Start ``role``'s process (False: the backend is stopping, nothing was started)."""

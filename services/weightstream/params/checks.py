@@ -1,5 +1,5 @@
-"""Checks that relate keys of different sections (batch size vs num_csx, sequence length vs positions,
-data processor vs model), each problem carrying the path of the key a user has to change."""
+"""Checks that relate keys of different sections (batch size vs num_csx and min_num_csx, sequence length
+vs positions, data processor vs model), each problem carrying the path of the key a user has to change."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from weightstream.params.schema import (
     LlamaModelParams,
     OptimizerParams,
     Params,
+    RunConfig,
 )
 from weightstream.params.size import num_params
 from weightstream.params.sparsity import sparsity_problems
@@ -24,28 +25,18 @@ def cross_check(p: Params) -> list[Problem]:
     problems: list[Problem] = []
     rc, m = p.runconfig, p.model
     inputs = [("train_input", p.train_input)] + ([("eval_input", p.eval_input)] if p.eval_input else [])
-    for sec, inp in inputs:
-        if inp.batch_size % rc.num_csx:
-            problems.append(
-                Problem(
-                    f"{sec}.batch_size",
-                    f"must be divisible by runconfig.num_csx={rc.num_csx} "
-                    "(the global batch is split evenly across CS-2 workers)",
-                    inp.batch_size,
-                )
+    if rc.min_num_csx is not None and rc.min_num_csx > rc.num_csx:
+        problems.append(
+            Problem(
+                "runconfig.min_num_csx",
+                f"must be at most runconfig.num_csx={rc.num_csx} (the fewest workers the job may go on with)",
+                rc.min_num_csx,
             )
+        )
+    for sec, inp in inputs:
+        problems += _check_batch_split(sec, inp, rc)
         problems += _check_data_source(sec, inp)
         problems += _check_input_vs_model(sec, inp, m)
-        shard = inp.batch_size // rc.num_csx
-        if inp.micro_batch_size is not None and shard % inp.micro_batch_size:
-            problems.append(
-                Problem(
-                    f"{sec}.micro_batch_size",
-                    f"must divide the per-worker shard of {shard} samples "
-                    f"(batch_size {inp.batch_size} / num_csx {rc.num_csx})",
-                    inp.micro_batch_size,
-                )
-            )
     if rc.execution_mode == "pipelined" and rc.worker_memory_mb is not None:
         model_mb = num_params(p.model) * 4 / 2**20  # closed form: builds nothing
         if model_mb > rc.worker_memory_mb:
@@ -78,6 +69,49 @@ def cross_check(p: Params) -> list[Problem]:
     if p.sparsity is not None and not problems:  # the model must be buildable to resolve the globs
         problems += sparsity_problems(p, model_def(p))
     return problems + _check_optimizer(p.optimizer)
+
+
+def _check_batch_split(sec: str, inp: InputParams, rc: RunConfig) -> list[Problem]:
+    """The global batch, and each worker's shard of it in micro-batches, split evenly at ``num_csx``
+    workers and at every count the job may shrink to (``runconfig.min_num_csx``): one problem per key,
+    naming the first count that fails."""
+    problems = []
+    if inp.batch_size % rc.num_csx:
+        problems.append(
+            Problem(
+                f"{sec}.batch_size",
+                f"must be divisible by runconfig.num_csx={rc.num_csx} "
+                "(the global batch is split evenly across CS-2 workers)",
+                inp.batch_size,
+            )
+        )
+    elif bad := [n for n in rc.worker_counts if inp.batch_size % n]:
+        problems.append(
+            Problem(
+                f"{sec}.batch_size",
+                f"must be divisible by every worker count from runconfig.min_num_csx={rc.min_num_csx} to "
+                f"num_csx={rc.num_csx} (a job that loses workers goes on with fewer, the global batch "
+                f"split evenly across them), and {bad[0]} does not divide it",
+                inp.batch_size,
+            )
+        )
+    if problems or inp.micro_batch_size is None:
+        return problems
+    for n in (rc.num_csx, *rc.worker_counts):
+        shard = inp.batch_size // n
+        if shard % inp.micro_batch_size:
+            at = (
+                f"num_csx {n}" if n == rc.num_csx else f"{n} workers (runconfig.min_num_csx={rc.min_num_csx})"
+            )
+            return [
+                Problem(
+                    f"{sec}.micro_batch_size",
+                    f"must divide the per-worker shard of {shard} samples "
+                    f"(batch_size {inp.batch_size} / {at})",
+                    inp.micro_batch_size,
+                )
+            ]
+    return []
 
 
 def _check_data_source(sec: str, inp: InputParams) -> list[Problem]:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import (
     ByteSize,
     Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -109,6 +110,17 @@ class RunConfig(Section):
     """How the run is laid out and driven: workers and servers, steps, checkpoints, faults."""
 
     num_csx: PositiveInt = Field(1, description="CS-2 workers; the batch is divided evenly across them")
+    min_num_csx: PositiveInt | None = Field(
+        None,
+        description="the fewest CS-2 workers the job may go on with when a lost worker cannot be started "
+        "again for want of capacity (elastic_wait_s), the global batch then divided across fewer; it "
+        "grows back to num_csx once capacity returns. null: num_csx (a lost worker is always replaced)",
+    )
+    elastic_wait_s: NonNegativeFloat = Field(
+        30.0,
+        description="how long, in seconds, the replacement of a lost role may wait for capacity before "
+        "the job goes on with fewer workers (down to min_num_csx) or fails",
+    )
     num_wgt_servers: PositiveInt = Field(1, description="MemoryX weight server shards")
     num_act_servers: PositiveInt = Field(1, description="activation servers feeding the workers data")
     max_steps: PositiveInt = Field(description="optimizer steps the run trains for")
@@ -201,6 +213,12 @@ class RunConfig(Section):
     save_initial_checkpoint: bool = Field(
         False, description="save a checkpoint of the weights before the first step"
     )
+
+    @property
+    def worker_counts(self) -> range:
+        """Every number of workers the job may train with: ``min_num_csx`` (``num_csx`` when unset) to
+        ``num_csx``; empty when ``min_num_csx`` exceeds ``num_csx`` (a problem ``validate`` reports)."""
+        return range(self.min_num_csx or self.num_csx, self.num_csx + 1)
 
     @model_validator(mode="before")
     @classmethod

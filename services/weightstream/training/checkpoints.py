@@ -15,10 +15,12 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from weightstream.checkpoint_layout import (
+    MASKS,
     TRAINER_STATE,
     checkpoint_dir,
     complete_checkpoints,
@@ -28,7 +30,8 @@ from weightstream.checkpoint_layout import (
 from weightstream.numerics.rope_scaling import hf_rope_config
 from weightstream.params import Params
 from weightstream.params.resolve import rope_scaling
-from weightstream.params.schema import GPT2ModelParams, LlamaModelParams
+from weightstream.params.schema import GPT2ModelParams, LlamaModelParams, RunConfig
+from weightstream.proto import weightstream_pb2 as pb
 from weightstream.storage_io import fsync_dir, write_text_durably
 from weightstream.training.errors import JobFailed
 
@@ -39,7 +42,9 @@ __all__ = [
     "prune_checkpoints",
     "refuse_weights_only",
     "remove_recovery_snapshots",
+    "trainer_state",
     "trim_metrics",
+    "written_files",
 ]
 
 _DELETING = re.compile(r"^\.checkpoint_\d+\.deleting$")
@@ -105,6 +110,35 @@ def hf_config(params: Params) -> dict[str, Any]:
             "torch_dtype": "float32",
         }
     return {"model_type": "weightstream_fc_mlp", **m.model_dump(mode="json")}
+
+
+def written_files(replies: Sequence[pb.CheckpointReply]) -> dict[str, list[tuple[str, list[str]]]]:
+    """The files every shard wrote (their ``SaveCheckpoint`` replies), by prefix: "model", "optimizer"
+    and, where the model is sparse, the masks'; each as (file, the tensors in it)."""
+    files = {
+        "model": [(f.name, list(f.tensors)) for r in replies for f in r.model_files],
+        "optimizer": [(f.name, list(f.tensors)) for r in replies for f in r.optimizer_files],
+        MASKS: [(f.name, list(f.tensors)) for r in replies for f in r.mask_files],
+    }
+    if not files[MASKS]:
+        del files[MASKS]
+    return files
+
+
+def trainer_state(rc: RunConfig, optimizer_type: str, weights_only: bool) -> dict[str, Any]:
+    """What a checkpoint's trainer state says of the run beside its step: its layout and seed, its
+    optimizer, and whether the optimizer state is in it (resumable) or not."""
+    state: dict[str, Any] = {
+        "num_csx": rc.num_csx,
+        "num_wgt_servers": rc.num_wgt_servers,
+        "seed": rc.seed,
+        "optimizer_type": optimizer_type,
+        "weightstream_format": 1,
+        "optimizer_state": not weights_only,
+    }
+    if weights_only:
+        state["note"] = "weights only (checkpoint_optimizer_state: false): loadable, not resumable"
+    return state
 
 
 def finish_checkpoint(

@@ -15,6 +15,7 @@ the job service stores as the event's data under its ``kind`` (a status event's 
   restart     role, role_kind, step, reason, restarts, max_role_restarts, fault, host
   retry       step, reason
   recovered   step, replay_steps, recovery_s, generation, restarts, addresses, action
+  workers     step, from_workers, to_workers, reason
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ __all__ = [
     "StartingFromEvent",
     "StatusEvent",
     "StepEvent",
+    "WorkersEvent",
 ]
 
-EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered"]
+EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered", "workers"]
 # how a role was lost: its process ended (killed, crashed, evicted), or it stopped answering (stopped,
 # partitioned, its host gone) and was killed
 FaultKind = Literal["died", "hung"]
@@ -190,3 +192,16 @@ class RecoveredEvent(JobEvent):
     addresses: Addresses  # every role's, a replacement's new one included (the dashboard shows it)
     # what was done, in words: the roles replaced, a shard's failover to its replica, a rollback
     action: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersEvent(JobEvent):
+    """The job trains with ``to_workers`` workers from step ``step`` (1-based) on, ``from_workers`` before:
+    fewer when a lost worker found no capacity to start again (``runconfig.min_num_csx``), back up when
+    capacity returned. The global batch is the same, split across ``to_workers``."""
+
+    kind: ClassVar[EventKind] = "workers"
+    step: int
+    from_workers: int
+    to_workers: int
+    reason: str  # why, in words: the workers left out and for want of what, or those started again

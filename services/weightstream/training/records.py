@@ -6,7 +6,7 @@ the TensorBoard files from it. Everything in between reads attributes; a record 
 leaves the process, through ``to_dict``, whose keys and their order are the file's format:
 
   a logged step:   step, loss, learning_rate, grad_norm, step_time_s, worker_wait_s, worker_compute_s,
-                   update_s, worker_peak_rss_bytes, worker_wire_bytes, tokens_per_second,
+                   update_s, worker_peak_rss_bytes, worker_wire_bytes, workers, tokens_per_second,
                    local_samples_per_sec, avg_samples_per_sec
   an evaluation:   step, eval_loss
 
@@ -39,6 +39,9 @@ class StepRecord:
     update_s: float  # from the workers' replies to the update's end: the norm and the optimizer
     worker_peak_rss_bytes: int  # the largest worker's peak resident memory
     worker_wire_bytes: int  # weights in and gradients out over every worker's link: falls with density
+    # the workers whose shards of the global batch made the step: runconfig.num_csx, fewer while the job
+    # goes on without workers it could not replace (runconfig.min_num_csx)
+    workers: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The step's fields of its ``metrics.jsonl`` line and its ``step`` event, in the file's order
@@ -54,6 +57,7 @@ class StepRecord:
             "update_s": self.update_s,
             "worker_peak_rss_bytes": self.worker_peak_rss_bytes,
             "worker_wire_bytes": self.worker_wire_bytes,
+            "workers": self.workers,
         }
 
 

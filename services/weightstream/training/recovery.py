@@ -8,7 +8,9 @@ How the runner recovers (``runner.JobRunner._recover``):
      before the job has completed a step since (a bad config, a data error), the job fails with the whole
      history; a role replaced again soon waits a backoff first;
   3. replace the lost roles through the backend and configure every role again under a new generation, so
-     nothing of the interrupted attempt counts (``transport.fencing``);
+     nothing of the interrupted attempt counts (``transport.fencing``); a worker the backend has no room
+     for within ``runconfig.elastic_wait_s`` is left out where ``runconfig.min_num_csx`` allows, and the job
+     goes on with fewer workers (training/elastic.py);
   4. MemoryX survived: the shards keep their state and the interrupted step runs again. A shard lost the
      process serving it but has a replica (``runconfig.memoryx_replicas``): the replica, which holds the
      same state bit for bit, serves the shard from now on, and the replacement process becomes the new
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from weightstream.backends.base import BackendError, RoleSpec, ready_file
 from weightstream.plan import REPLICA
+from weightstream.training.elastic import ElasticWorkers
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import EventSink, RecoveredEvent, RestartEvent, RetryEvent
 from weightstream.training.heartbeats import Heartbeats
@@ -144,12 +147,16 @@ class Recovery:
         cancelled: threading.Event,
         wait_ready: Callable[[], dict[str, list[str]]],
         snapshot: Callable[[int], Path],
+        elastic: ElasticWorkers,
     ) -> None:
         """``snapshot(step)``: the runner takes a recovery snapshot of ``step`` (every shard at it) and makes
-        it the run's newest recovery point; returns its directory."""
+        it the run's newest recovery point; returns its directory. ``wait_ready``: every process's address by
+        process index (``RolePlane.placed``). ``elastic``: starts lost roles again, and keeps the job's worker
+        count (fewer where a worker finds no room: training/elastic.py)."""
         self.roles, self.budget, self.log = roles, budget, log
-        self.backend, self.plan = roles.backend, roles.plan
+        self.backend = roles.backend
         self.emit, self.cancelled, self.wait_ready, self.snapshot = emit, cancelled, wait_ready, snapshot
+        self.elastic = elastic
         self._failed_over: frozenset[int] = frozenset()  # the shards the fault being recovered failed over
         self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
         self.hung_s = min(roles.heartbeats.timeout_s, roles.timeout_s)  # silent this long: hung
@@ -181,7 +188,8 @@ class Recovery:
         deadline: an answer from before the fault proves nothing, as a role killed a moment ago answered
         one just before."""
         dead = self.backend.dead()
-        alive = [RoleSpec(k, i) for k, i in self.plan.roles() if RoleSpec(k, i) not in dead]
+        # a worker started again at a step boundary has no address yet: only its exit can tell it lost
+        alive = [r for r in self.roles.processes() if r not in dead and self.roles.address_of(r)]
         beats = self.roles.heartbeats
         silent = beats.unresponsive()
         hung = {r: Heartbeats.message(r, silent[r]) for r in alive if r in silent}
@@ -241,18 +249,22 @@ class Recovery:
             raise JobCancelled("cancelled")
         addresses = self.roles.addresses
         keeps, rebuild = self._shards_after(lost)
+        left_out = self.elastic.replace(list(lost), at, self.budget.fail) if lost else []
+        replaced = sorted(r.name for r in lost if r not in left_out)
         done_here = (
-            [f"replaced {', '.join(sorted(r.name for r in lost))}"] if lost else ["ran the step again"]
+            [f"replaced {', '.join(replaced)}"] if replaced else [] if lost else ["ran the step again"]
         )
+        if left_out:
+            done_here.append(f"went on without {', '.join(r.name for r in left_out)} (no capacity)")
         done_here += [f"memoryx-{i} failed over to its replica" for i in sorted(self._failed_over)]
         if lost:
             try:
-                self.backend.restart(list(lost))
                 addresses = self.wait_ready()
             except (BackendError, JobFailed) as e:
                 if self.cancelled.is_set():
                     raise JobCancelled("cancelled") from e
                 raise self.budget.fail(f"a replacement role failed to start: {e}") from e
+            self.elastic.settle(addresses)
         generation = self.roles.next_generation()
         now_at: int | None = None
         if keeps:
@@ -290,6 +302,7 @@ class Recovery:
                 action="; ".join(done_here),
             )
         )
+        self.elastic.announce(now_at + 1)
         return now_at
 
     def _host_of(self, role: RoleSpec) -> str:
@@ -309,7 +322,7 @@ class Recovery:
         over to the replica (``RolePlane.promoted``), whose state is the shard's, bit for bit; the process
         that replaces the lost one becomes the new replica. A shard that lost both, or that has no replica,
         has lost its state."""
-        counts = self.plan.counts()
+        counts = self.roles.plan.counts()
         serving = self.roles.serving_process
         primary = {i for i in range(counts["memoryx"]) if serving("memoryx", i) in lost}
         replica = {i for i in range(counts[REPLICA]) if serving(REPLICA, i) in lost}

@@ -5,7 +5,12 @@ One ``RolePlane`` per run. Each (re)configuration opens fresh channels that carr
 (``transport.fencing``) and closes the previous ones, which cancels whatever calls of the interrupted
 attempt were still waiting. The calls of a step go through the typed clients it then makes,
 ``memoryx`` and ``workers`` (training/clients.py), over those channels; the heartbeats
-(training/heartbeats.py) go over its Control channels, one per role.
+(training/heartbeats.py) go over its Control channels, one per process.
+
+Roles are slots of the current plan, served by processes the backend started: a MemoryX shard by the process
+started as its replica after a failover (``promoted``), worker slot ``i`` by worker process
+``workers_at[i]`` (a job that goes on with fewer workers, training/elastic.py, serves its slots with the
+processes it has left; the SwarmX processes beyond the smaller plan's tree idle).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from weightstream.backends.base import Backend, RoleSpec
+from weightstream.backends.base import Backend, BackendError, RoleSpec
 from weightstream.plan import REPLICA, ROLE_KINDS, JobSpec, Plan, process_kind
 from weightstream.proto import weightstream_pb2 as pb
 from weightstream.proto import weightstream_pb2_grpc as rpc
@@ -61,14 +66,20 @@ class RolePlane:
         timeout_s: float,
         heartbeat_timeout_s: float = 2.0,
     ) -> None:
-        """``timeout_s``: the deadline of every call (``runconfig.rpc_timeout_s``); a role that has not
+        """``plan``: the job's, with every process the backend starts (``runconfig.num_csx`` workers);
+        ``timeout_s``: the deadline of every call (``runconfig.rpc_timeout_s``); a role that has not
         answered heartbeats for ``heartbeat_timeout_s`` is hung (``runconfig.heartbeat_timeout_s``)."""
         self.backend, self.plan, self.params, self.job_id = backend, plan, params, job_id
+        self.full_plan = plan  # the processes the job has, whatever the current plan
         self.credential, self.timeout_s = credential, timeout_s
         self.heartbeats = Heartbeats(heartbeat_timeout_s)
         self.shared_memory = uses_shared_memory(params["runconfig"].get("data_plane", "auto"), backend)
-        self.addresses: dict[str, list[str]] = {}  # the processes', by kind and index, as started
+        # the processes', by kind and process index, as started ("" for a retired worker: ``placed``)
+        self.addresses: dict[str, list[str]] = {}
         self.promoted: set[int] = set()  # shards served by the process started as their replica
+        self.workers_at = tuple(range(plan.counts()["worker"]))  # the process serving each worker slot
+        # worker processes the job goes on without (``Backend.retire``, training/elastic.py)
+        self.retired: frozenset[int] = frozenset()
         self._generation = 0
         # the clients of the current configuration (none before the first)
         self.workers = WorkerClient([], self.all, timeout_s)
@@ -156,22 +167,58 @@ class RolePlane:
                 raise RoleFault(f"{kind}s did not answer within {timeout_s:.0f}s")
         return [f.result() for f in futures]
 
-    # -- configuration -------------------------------------------------------------------------------------
+    # -- processes and the slots they serve -----------------------------------------------------------------
+    def placed(self, found: dict[str, list[str]]) -> dict[str, list[str]]:
+        """The backend's addresses (``Backend.wait_ready``: none for a retired worker) by process index, a
+        retired worker's "" (``addresses``)."""
+        workers, n = found.get("worker", []), self.full_plan.num_csx
+        if len(workers) != n - len(self.retired):
+            raise BackendError(
+                f"the backend gave {len(workers)} worker addresses for {n - len(self.retired)} workers"
+            )
+        live = iter(workers)
+        return {**found, "worker": ["" if i in self.retired else next(live) for i in range(n)]}
+
+    def processes(self) -> list[RoleSpec]:
+        """Every process of the job the backend runs (a retired worker's aside), in start order."""
+        return [
+            RoleSpec(k, i) for k, i in self.full_plan.roles() if not (k == "worker" and i in self.retired)
+        ]
+
+    def use_workers(self, plan: Plan, processes: tuple[int, ...]) -> None:
+        """From the next ``configure`` on: the job trains with ``plan`` (its other roles the same, its
+        workers as many as ``processes``), worker slot ``i`` served by worker process ``processes[i]``."""
+        if plan.num_csx != len(processes):
+            raise ValueError(f"a plan of {plan.num_csx} workers served by {len(processes)} processes")
+        self.plan, self.workers_at = plan, processes
+
     def serving(self, addresses: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
         """Where each role is served from, by kind and index, as the roles are told (``JobSpec.addresses``):
         the processes' ``addresses`` (as the backend reports them), with each shard in ``promoted`` served by
-        the process started as its replica, and that shard's replica by the process started as the shard."""
+        the process started as its replica, and that shard's replica by the process started as the shard;
+        worker slot ``i`` by worker process ``workers_at[i]``."""
         out = {k: list(v) for k, v in (self.addresses if addresses is None else addresses).items()}
         for i in self.promoted:
             out["memoryx"][i], out[REPLICA][i] = out[REPLICA][i], out["memoryx"][i]
+        if "worker" in out:
+            out["worker"] = [out["worker"][p] for p in self.workers_at]
         return out
 
     def serving_process(self, kind: str, index: int) -> RoleSpec:
         """The process (as the backend names it) that serves role ``kind``-``index`` now."""
         if kind in ("memoryx", REPLICA) and index in self.promoted:
             return RoleSpec(REPLICA if kind == "memoryx" else "memoryx", index)
+        if kind == "worker":
+            return RoleSpec(kind, self.workers_at[index])
         return RoleSpec(kind, index)
 
+    def address_of(self, process: RoleSpec) -> str:
+        """Where ``process`` (as the backend names it) listens, as of the last configuration ("": nowhere
+        known: retired, or started since)."""
+        found = self.addresses.get(process.kind, [])
+        return found[process.index] if process.index < len(found) else ""
+
+    # -- configuration -------------------------------------------------------------------------------------
     def configure(
         self,
         addresses: dict[str, list[str]],
@@ -190,9 +237,10 @@ class RolePlane:
         serving = self.serving()
         pings: dict[RoleSpec, Ping] = {}  # by process, as the backend names them
         for kind, processes in addresses.items():
-            pings |= {
+            pings |= {  # a retired worker (training/elastic.py) has no address: nothing to watch
                 RoleSpec(kind, i): partial(_health, rpc.ControlStub(self._channel(a)))
                 for i, a in enumerate(processes)
+                if a
             }
         for kind in ROLE_KINDS:  # MemoryX and activation first: SwarmX and workers only connect lazily anyway
             controls = [rpc.ControlStub(self._channel(a)) for a in serving.get(kind, [])]
@@ -258,7 +306,7 @@ class RolePlane:
         """Each role's Health reply, or None where it does not answer within ``timeout_s`` (hung)."""
 
         def health(role: RoleSpec) -> pb.HealthReply | None:
-            channel = open_channel(self.addresses[role.kind][role.index], self.credential, self.generation)
+            channel = open_channel(self.address_of(role), self.credential, self.generation)
             try:
                 return rpc.ControlStub(channel).Health(pb.Empty(), timeout=timeout_s)
             except grpc.RpcError:

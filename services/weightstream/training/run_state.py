@@ -3,7 +3,9 @@
 Two step counts, both updates applied: ``at``, what every MemoryX shard holds, and ``done``, what this run has
 committed (logged, and told its caller). They differ only after a rollback (a shard was lost, every shard
 went back to the recovery point): the steps from ``at`` to ``done`` then run again, and each replayed loss
-must equal the one first committed, or the job cannot recover exactly.
+must equal the one first committed, or the job cannot recover exactly. A step replayed with another number
+of workers than its first run (training/elastic.py) sums its gradients in another split and order, so its
+loss can only agree to rounding: within ``ELASTIC_REPLAY_RTOL``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from weightstream.training.records import StepRecord
 __all__ = ["PostStep", "RunState"]
 
 PostStep = Literal["eval", "checkpoint", "snapshot"]  # what a run may do after a step, before the next
+# a replayed step's loss against its first run's when the two had different numbers of workers: float32
+# rounding of other reduction splits, over the few steps since a recovery point, stays far below this
+ELASTIC_REPLAY_RTOL = 1e-3
 
 
 @dataclass(slots=True)  # a misspelled field is an error, not a new attribute
@@ -29,6 +34,7 @@ class RunState:
     recovery_point: tuple[int, Path | None]
     post: list[PostStep] = field(default_factory=list)  # still to do after step ``done``, in order
     losses: dict[int, float] = field(default_factory=dict)  # by step (0-based), since the recovery point
+    workers: dict[int, int] = field(default_factory=dict)  # the workers of each step in ``losses``
     last_loss: float | None = None
     eval_loss: float | None = None
     checkpoint: Path | None = None  # the newest checkpoint this run wrote
@@ -53,6 +59,7 @@ class RunState:
         since training began, in tokens per second."""
         self.at = self.done = record.step
         self.losses[record.step - 1] = self.last_loss = record.loss
+        self.workers[record.step - 1] = record.workers
         self.tokens += record.tokens
         return self.tokens / (time.monotonic() - self.t_train)
 
@@ -62,7 +69,17 @@ class RunState:
         step = record.step - 1
         self.at = record.step
         first = self.losses.get(step)
-        if first is not None and record.loss != first:
+        if first is None:
+            return
+        split = self.workers.get(step, record.workers)
+        if split != record.workers:  # another split of the batch: equal to rounding only
+            if abs(record.loss - first) > ELASTIC_REPLAY_RTOL * abs(first):
+                raise JobFailed(
+                    f"step {step + 1} replayed after a fault with {record.workers} workers gave loss "
+                    f"{record.loss!r}, its first run with {split} workers {first!r}: more apart than "
+                    f"rounding ({ELASTIC_REPLAY_RTOL:g} relative), so the job cannot recover"
+                )
+        elif record.loss != first:
             raise JobFailed(
                 f"step {step + 1} replayed after a fault gave loss {record.loss!r}, its first run "
                 f"{first!r}: training is not deterministic here, so the job cannot recover exactly"
@@ -74,3 +91,4 @@ class RunState:
         at = self.done if step is None else step
         self.recovery_point = (at, path)
         self.losses = {s: v for s, v in self.losses.items() if s >= at}
+        self.workers = {s: n for s, n in self.workers.items() if s >= at}

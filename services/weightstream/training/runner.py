@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from weightstream.backends.base import Backend, BackendError, RoleSpec
-from weightstream.checkpoint_layout import MASKS, last_checkpoint, recovery_dir
+from weightstream.checkpoint_layout import last_checkpoint, recovery_dir
 from weightstream.hf_checkpoint import StartCheckpointError
 from weightstream.params import Params, dump_params, model_def, optimizer_config
 from weightstream.plan import make_plan
@@ -29,9 +28,12 @@ from weightstream.training.checkpoints import (
     prune_checkpoints,
     refuse_weights_only,
     remove_recovery_snapshots,
+    trainer_state,
     trim_metrics,
+    written_files,
 )
 from weightstream.training.divergence import check_finite
+from weightstream.training.elastic import ElasticWorkers
 from weightstream.training.errors import JobCancelled, JobFailed, RoleFault
 from weightstream.training.events import (
     CheckpointEvent,
@@ -168,6 +170,9 @@ class JobRunner:
             self.rc.heartbeat_timeout_s,
         )
         self.steps = StepDriver(self.roles, self.opt)
+        self.elastic = ElasticWorkers(
+            self.roles, self.params, self.model, self.log, self.on_event, self._cancelled, self._wait_ready
+        )
         self.recovery = Recovery(
             self.roles,
             self.budget,
@@ -176,6 +181,7 @@ class JobRunner:
             self._cancelled,
             self._wait_ready,
             self._snapshot,
+            self.elastic,
         )
         try:
             if self._cancelled.is_set():
@@ -212,8 +218,9 @@ class JobRunner:
             )
 
     def _wait_ready(self) -> dict[str, list[str]]:
+        """Every process's address by process index once all of the job's listen (``RolePlane.placed``)."""
         try:
-            return self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s))
+            return self.roles.placed(self.backend.wait_ready(timeout_s=min(120.0, self.rc.rpc_timeout_s)))
         except BackendError as e:
             if self._cancelled.is_set():
                 raise JobCancelled("cancelled while starting") from e
@@ -228,6 +235,8 @@ class JobRunner:
         step's RunStep may overlap this step's update."""
         done = step + 1
         if self.state.at != step or self.state.done != step:  # a replay after a fault
+            return False
+        if self.elastic.wants_boundary:  # workers join before the next step: nothing may be sent ahead
             return False
         return done < self.rc.max_steps and not self._after(done) and not self._cancelled.is_set()
 
@@ -259,6 +268,7 @@ class JobRunner:
                         state.post.pop(0)
                     else:
                         self._check_time_limit(state.done, t0)
+                        self.elastic.at_boundary(state.done, self.steps.sent_ahead)
                         self._commit(self._step(state.done))
                 except RoleFault as e:
                     self._recover(e)
@@ -292,11 +302,14 @@ class JobRunner:
         if self.cadence.log(done):
             self.metrics.step(record, tokens_per_second)
             self.log.info(
-                "step %d loss %.5f lr %.3g |g| %.4f",
+                "step %d loss %.5f lr %.3g |g| %.4f%s",
                 done,
                 record.loss,
                 record.learning_rate,
                 record.grad_norm,
+                f" ({record.workers} of {self.rc.num_csx} workers)"
+                if record.workers < self.rc.num_csx
+                else "",
             )
         self.steps.committed()
         self.state.post = self._after(done)
@@ -352,25 +365,9 @@ class JobRunner:
         # a recovery snapshot always holds the optimizer state: recovery resumes from it
         weights_only = not snapshot and not self.rc.checkpoint_optimizer_state
         replies = self.roles.memoryx.save_checkpoint(step, str(tmp.resolve()), weights_only)
-        files = {
-            "model": [(f.name, list(f.tensors)) for r in replies for f in r.model_files],
-            "optimizer": [(f.name, list(f.tensors)) for r in replies for f in r.optimizer_files],
-            MASKS: [(f.name, list(f.tensors)) for r in replies for f in r.mask_files],
-        }
-        if not files[MASKS]:
-            del files[MASKS]
-        state: dict[str, Any] = {
-            "num_csx": self.rc.num_csx,
-            "num_wgt_servers": self.rc.num_wgt_servers,
-            "seed": self.rc.seed,
-            "optimizer_type": self.opt.kind,
-            "weightstream_format": 1,
-            "optimizer_state": not weights_only,
-        }
-        if weights_only:
-            state["note"] = "weights only (checkpoint_optimizer_state: false): loadable, not resumable"
+        state = trainer_state(self.rc, self.opt.kind, weights_only)
         final = recovery_dir(self.model_dir, step) if snapshot else None
-        path = finish_checkpoint(self.model_dir, tmp, step, self.params, files, state, final)
+        path = finish_checkpoint(self.model_dir, tmp, step, self.params, written_files(replies), state, final)
         if snapshot:
             # routine scratch, every few steps and gone at the end: below run.log's INFO, which keeps
             # what a user reads (steps, checkpoints, evaluations, faults and the recoveries from these)

@@ -56,6 +56,11 @@ class StepDriver:
         """The run has committed (logged) the step this driver last ran: a step sent ahead begins now."""
         self._last_end = time.monotonic()
 
+    @property
+    def sent_ahead(self) -> bool:
+        """Whether the next step's RunStep is already out (a new configuration now would cancel it)."""
+        return self._early is not None
+
     def interrupted(self) -> StepRecord | None:
         """A fault ended the step under way: forget it, and the RunStep sent ahead if any (the new
         configuration cancels it). Returns the record of the step whose update was in flight, if the fault
@@ -107,6 +112,7 @@ class StepDriver:
             update_s=0.0,
             worker_peak_rss_bytes=max(r.peak_rss_bytes for r in replies),
             worker_wire_bytes=sum(r.wire_bytes for r in replies),
+            workers=len(replies),
         )
         self._applying = record
         # only the shards take part from here: a worker lost now is replaced before the next step

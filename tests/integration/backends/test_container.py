@@ -204,6 +204,9 @@ class PodmanPlayedBackend:
     def restart(self, roles: list[RoleSpec]) -> None:
         raise BackendError(f"played pods are not replaced: {', '.join(r.name for r in roles)}")
 
+    def retire(self, roles: list[RoleSpec]) -> None:
+        raise BackendError(f"played pods are not retired: {', '.join(r.name for r in roles)}")
+
     def stop(self) -> None:
         self._stopping = True
         for path in self.played:

@@ -164,6 +164,27 @@ def test_restart_recreates_a_deleted_pod_as_it_was(fake: FakeKubernetesAPI) -> N
     assert fake.objects == {}
 
 
+def test_a_retired_pod_is_not_dead_nor_waited_for_until_it_is_restarted(fake: FakeKubernetesAPI) -> None:
+    """``retire`` (the job goes on without worker-1, training/elastic.py): its pod is deleted, never reported
+    dead, and ``wait_ready`` gives every other role; ``restart`` makes it the job's again."""
+    backend = _started(fake)
+    full = backend.wait_ready(timeout_s=5)
+    backend.retire([WORKER_1])
+    pod = fake.objects.get(("Pod", "default", POD))
+    assert pod is None or pod["metadata"].get("deletionTimestamp")  # deleted, or going with its grace period
+    assert _fresh(backend) == {} and backend.failures() == []
+    assert backend.wait_ready(timeout_s=5) == {**full, "worker": full["worker"][:1]}
+    backend.restart([WORKER_1])
+    assert fake.objects[("Pod", "default", POD)]["status"]["phase"] == "Pending"
+    fake.delete_pod(POD, grace_s=0)
+    assert list(_fresh(backend)) == [WORKER_1]  # the job's again: its loss is a fault
+    backend.restart([WORKER_1])
+    fake.set_pod_status(POD, running_ready())
+    assert backend.wait_ready(timeout_s=5) == full
+    backend.stop()
+    assert fake.objects == {}
+
+
 def test_restart_deletes_a_pod_still_there_at_once_first(fake: FakeKubernetesAPI) -> None:
     # a short timeout: deleting with the pod's own grace period (30s) would keep it there and fail this
     backend = _started(fake, replace_timeout_s=1.0)

@@ -88,8 +88,11 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
         # wsctl submit --follow: one line per restart with the budget, one per recovery
         for n, (role, _) in enumerate(VICTIMS, start=1):
             assert f"restart {n}/50: {role} (pid {killed[role]}) was killed by SIGKILL" in out, out
-        recovered = re.findall(r"^step (\d+)  recovered in [\d.]+s \(replaying (\d+) steps?\)$", out, re.M)
+        recovered = re.findall(
+            r"^step (\d+)  recovered in [\d.]+s \(replaying (\d+) steps?\): (.*)$", out, re.M
+        )
         assert len(recovered) == 3 and int(recovered[1][1]) >= 5, out  # the shard's loss: steps replayed
+        assert all(action.startswith("replaced ") for _, _, action in recovered), out  # what was done
 
         # the same events over REST (server-sent events) and gRPC (WatchJob)
         sse = [e for e in job.events(follow=False) if e["kind"] in ("restart", "retry", "recovered")]

@@ -23,6 +23,7 @@ from weightstream.training.events import (
     StartingFromEvent,
     StatusEvent,
     StepEvent,
+    WorkersEvent,
 )
 from weightstream.training.metrics_writer import MetricsWriter
 from weightstream.training.records import EvalRecord, SampleRates, StepMetrics, StepRecord
@@ -47,7 +48,7 @@ STEP_LINE = (
     '{"step": 2, "loss": 4.167198294773698, "learning_rate": 0.001, "grad_norm": 0.9565651755112154, '
     '"step_time_s": 0.051502461999916704, "worker_wait_s": 1.1135766849984066, '
     '"worker_compute_s": 0.011468573004094651, "update_s": 0.0033972290002566297, '
-    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, '
+    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, "workers": 1, '
     '"tokens_per_second": 130.46094208818167, "local_samples_per_sec": 8.151412536771526, '
     '"avg_samples_per_sec": 8.151412536771526}'
 )
@@ -82,7 +83,7 @@ EVENTS: list[tuple[JobEvent, str]] = [
         '"grad_norm": 0.9565651755112154, "step_time_s": 0.051502461999916704, '
         '"worker_wait_s": 1.1135766849984066, "worker_compute_s": 0.011468573004094651, '
         '"update_s": 0.0033972290002566297, "worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, '
-        '"tokens_per_second": 130.46094208818167, "max_steps": 6}',
+        '"workers": 1, "tokens_per_second": 130.46094208818167, "max_steps": 6}',
     ),
     (
         EvalEvent(step=3, eval_loss=4.158126917667687),
@@ -119,6 +120,13 @@ EVENTS: list[tuple[JobEvent, str]] = [
         ),
         '{"event": "recovered", "step": 3, "replay_steps": 1, "recovery_s": 0.9163870599986694, '
         f'"generation": 1, "restarts": 1, "addresses": {ADDRESSES_JSON}, "action": ""}}',
+    ),
+    (
+        WorkersEvent(
+            step=6, from_workers=3, to_workers=2, reason="no capacity to start worker-1 again within 2s"
+        ),
+        '{"event": "workers", "step": 6, "from_workers": 3, "to_workers": 2, '
+        '"reason": "no capacity to start worker-1 again within 2s"}',
     ),
 ]
 

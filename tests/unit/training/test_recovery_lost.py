@@ -41,6 +41,8 @@ class Plane:
         """``refused``: the victim's server is closed (it is exiting), rather than silent (stopped)."""
         self.backend, self.heartbeats, self.refused = backend, heartbeats, refused
         self.plan = SimpleNamespace(roles=lambda: ROLES)
+        self.processes = lambda: [RoleSpec(k, i) for k, i in ROLES]
+        self.address_of = lambda role: f"{role.name}:1"
         self.timeout_s = 30.0
         self.probed: list[tuple[list[RoleSpec], float]] = []
 
@@ -57,7 +59,8 @@ def recovery(backend: Backend, heartbeats: Heartbeats | None = None, refused: bo
     plane = Plane(backend, heartbeats or Heartbeats(2.0), refused)
     log, cancelled = logging.getLogger("test"), threading.Event()
     no_snapshot = lambda step: Path()  # noqa: E731  (_lost takes none)
-    return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot)  # type: ignore[arg-type]
+    # _lost uses neither the budget nor the worker count
+    return Recovery(plane, None, log, lambda *a, **k: None, cancelled, dict, no_snapshot, None)  # type: ignore[arg-type]
 
 
 class Clock:

@@ -12,8 +12,8 @@ from weightstream.training.records import StepRecord
 from weightstream.training.run_state import RunState
 
 
-def _record(step: int, loss: float) -> StepRecord:
-    return StepRecord(step, loss, 1e-3, 1.0, 100, 0.5, 0.0, 0.4, 0.1, 0, 0)
+def _record(step: int, loss: float, workers: int = 1) -> StepRecord:
+    return StepRecord(step, loss, 1e-3, 1.0, 100, 0.5, 0.0, 0.4, 0.1, 0, 0, workers)
 
 
 def test_a_fresh_run_writes_checkpoint_0_first_a_resumed_one_does_not() -> None:
@@ -47,6 +47,20 @@ def test_a_replay_must_give_the_losses_of_the_first_run() -> None:
         JobFailed, match=r"step 2 replayed after a fault gave loss 4\.375, its first run 4\.25"
     ):
         state.replayed(_record(2, 4.375))
+
+
+def test_a_step_replayed_with_another_number_of_workers_need_agree_only_to_rounding() -> None:
+    """Elastic workers: a step first run with 3 workers and replayed with 2 (or back) sums its gradients in
+    another split: its loss agrees to rounding, and only a real difference fails the job."""
+    state = RunState.begin(0, None, initial_checkpoint=False)
+    state.commit(_record(1, 4.5, workers=3))
+    state.commit(_record(2, 4.25, workers=3))
+    state.at = 0
+    state.replayed(_record(1, 4.5 * (1 + 1e-8), workers=2))
+    with pytest.raises(
+        JobFailed, match=r"step 2 replayed after a fault with 2 workers .* its first run with 3"
+    ):
+        state.replayed(_record(2, 4.375, workers=2))
 
 
 def test_a_new_recovery_point_forgets_the_losses_before_it() -> None:

@@ -142,6 +142,7 @@ class KubernetesBackend:
         # each pod start() created, by name, with its manifest: what restart() creates again
         self._manifests: dict[str, dict[str, Any]] = {}
         self._roles: dict[str, RoleSpec] = {}
+        self._retired: dict[str, RoleSpec] = {}  # pods deleted for good (``retire``), until ``restart``
         self._lock = threading.Lock()  # _manifests, _roles, _checked: failures() runs on other threads
         # held while restart() creates pods and while stop() sets _stopping: a replacement is either
         # created before stop() deletes the job's pods, or not at all (never one left behind)
@@ -209,9 +210,15 @@ class KubernetesBackend:
             dead = self._dead(pods)
             if dead:
                 raise BackendError("; ".join(dead.values()))
-            counts = self.plan.counts()
+            with self._lock:
+                retired = set(self._retired.values())
+            counts = {k: n - sum(r.kind == k for r in retired) for k, n in self.plan.counts().items()}
             ready = {
-                k: sum(1 for p in pods if p.metadata.labels.get(LABEL_ROLE) == k and _ready(p))
+                k: sum(
+                    1
+                    for p in pods
+                    if p.metadata.labels.get(LABEL_ROLE) == k and _ready(p) and _role_of(p) not in retired
+                )
                 for k in counts
             }
             msg = ", ".join(f"{k} {ready[k]}/{n} running" for k, n in counts.items())
@@ -219,7 +226,10 @@ class KubernetesBackend:
                 self.on_progress(msg)
                 last = msg
             if all(ready[k] == n for k, n in counts.items()):
-                return role_addresses(self.job_id, self.plan, self.cluster)
+                found = role_addresses(self.job_id, self.plan, self.cluster)
+                return {
+                    k: [a for i, a in enumerate(v) if RoleSpec(k, i) not in retired] for k, v in found.items()
+                }
             if time.monotonic() > deadline:
                 raise BackendError(f"pods not ready after {timeout_s:.0f}s: {msg}")
             time.sleep(self.poll_s)
@@ -228,10 +238,12 @@ class KubernetesBackend:
         """Every role whose pod in ``pods`` cannot serve, is being deleted, or that start() or restart()
         created and ``pods`` lacks, with one line saying how, in role order."""
         with self._lock:
-            roles = dict(self._roles)
+            roles, retired = dict(self._roles), set(self._retired)
         out: dict[RoleSpec, str] = {}
         for p in pods:
             name = p.metadata.name
+            if name in retired:  # being deleted for good: the job goes on without it
+                continue
             why = pod_problem(p)
             if p.metadata.deletion_timestamp is not None:  # going away, whatever it does until then
                 why = f"{why}, being deleted" if why else "being deleted"
@@ -299,9 +311,29 @@ class KubernetesBackend:
         with self._creating:
             if self._stopping:
                 raise BackendError("stopped while replacing pods")
-            for name in names.values():
+            for role, name in names.items():
                 self._create("Pod", name, self.api.create_namespaced_pod, manifests[name])
+                with self._lock:  # a retired role is the job's again
+                    self._roles[name] = self._retired.pop(name, role)
         with self._lock:  # what failures() remembers predates the replacements
+            self._checked = (float("-inf"), {}, None)
+
+    def retire(self, roles: list[RoleSpec]) -> None:
+        """Delete each role's pod for good: it is not reported dead, nor waited for, until ``restart``
+        creates it again. (This backend never raises NoCapacityError: a pod the cluster has no room for
+        stays Pending, and ``wait_ready`` times out on it.)"""
+        ns = self.cluster.namespace
+        for role in roles:
+            name = pod_name(self.job_id, role)
+            with self._lock:
+                self._roles.pop(name, None)
+                self._retired[name] = role
+            try:
+                self.api.delete_namespaced_pod(name, ns)
+            except ApiException as e:
+                if e.status != 404:
+                    raise BackendError(f"cannot delete pod {name} in {ns}: {e.status} {e.reason}") from e
+        with self._lock:
             self._checked = (float("-inf"), {}, None)
 
     def _wait_gone(self, names: set[str]) -> None:

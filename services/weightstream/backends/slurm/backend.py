@@ -28,6 +28,7 @@ from pathlib import Path
 from weightstream.backends.base import BackendError, RoleSpec, ready_file, role_command, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 from weightstream.backends.slurm import commands as slurm
+from weightstream.backends.slurm.capacity import no_room_for_worker, refuse_unplaced
 from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
 
 __all__ = ["SlurmBackend", "describe_srun_exit"]
@@ -291,7 +292,7 @@ class SlurmBackend:
     def restart(self, roles: list[RoleSpec]) -> None:
         """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung), wait for its srun,
         and start it again: on its node while that node serves, else on the allocation's node with the
-        fewest roles."""
+        fewest roles; a worker no node can take is not started (``capacity.refuse_unplaced``)."""
         assert self.job_id is not None
         steps = slurm.job_steps(self.job_id, self.environ)
         live = [steps[self._step_name(r)] for r in roles if self._step_name(r) in steps]
@@ -307,6 +308,7 @@ class SlurmBackend:
                     old.wait(timeout=5)
                 close_lifeline(old)
         serving = self._serving_nodes()
+        unplaced = []
         for role in roles:
             node = self.nodes[role]
             if node.name not in serving:
@@ -315,8 +317,25 @@ class SlurmBackend:
                     key=lambda n: sum(1 for m in self.nodes.values() if m.name == n.name),
                     default=node,
                 )
-            if not self._spawn(role, node):
+            if no_room_for_worker(role, node, serving):
+                unplaced.append(role)
+            elif not self._spawn(role, node):
                 return
+        refuse_unplaced(unplaced, self.job_id)
+
+    def retire(self, roles: list[RoleSpec]) -> None:
+        """Forget ``roles``: cancel their steps and end their sruns; ``restart`` starts one again."""
+        assert self.job_id is not None
+        with self._lock:
+            gone = [self.procs.pop(r) for r in roles if r in self.procs]
+        steps = slurm.job_steps(self.job_id, self.environ)
+        slurm.cancel([steps[n] for r in roles if (n := self._step_name(r)) in steps], "KILL", self.environ)
+        for srun in gone:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                srun.wait(timeout=30)
+            srun.kill()  # were it still there (a no-op once it has ended)
+            srun.wait(timeout=5)
+            close_lifeline(srun)
 
     def _serving_nodes(self) -> set[str]:
         """The allocation's nodes that are up (neither down nor drained, and still in the job)."""
