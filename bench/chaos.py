@@ -7,7 +7,7 @@ checkpoint exists (a rollback to the seed's state). Prints one JSON line: faults
 restarts, recovery and detection time, steps replayed, the wall time of both runs, the cost of a fault in
 fault-free steps (target <= 2.0), and whether the final checkpoint and every logged loss are bitwise equal.
 
-    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10] [--smoke]
+    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10 --standby 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -350,6 +350,7 @@ def params_dict(a: argparse.Namespace) -> dict[str, Any]:
             "num_wgt_servers": a.shards,
             "rpc_timeout_s": a.rpc_timeout,
             "max_role_restarts": max(50, 2 * a.faults),
+            "standby_roles": a.standby,
             "seed": 1,
         },
     }
@@ -381,6 +382,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument(
+        "--standby",
+        type=int,
+        default=1,
+        help="runconfig.standby_roles (0: each replacement starts a process)",
+    )
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
     ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
     a = ap.parse_args(argv)

@@ -176,6 +176,11 @@ class RunConfig(Section):
     max_role_restarts: NonNegativeInt = Field(
         50, description="role replacements (fault recovery) a job may need in all before it fails"
     )
+    standby_roles: NonNegativeInt = Field(
+        1,
+        description="started, unconfigured processes kept per role kind for fault recovery to hand a lost "
+        "role to, so that no process start is on its way (local backend only; 0: none)",
+    )
     recovery_snapshot_steps: NonNegativeInt = Field(
         10,
         description="the MemoryX shards save a recovery snapshot every this many steps; a lost shard rolls "

@@ -288,6 +288,10 @@ class SlurmBackend:
     def failures(self) -> list[str]:
         return list(self.dead().values())
 
+    def keep_standby(self, per_kind: int) -> None:
+        """Keeps no spare step (not implemented here): ``restart`` starts a lost role afresh as a new
+        step; a spare step would hold CPUs and memory of the allocation's nodes the whole job long."""
+
     def restart(self, roles: list[RoleSpec]) -> None:
         """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung), wait for its srun,
         and start it again: on its node while that node serves, else on the allocation's node with the
