@@ -7,8 +7,8 @@ checkpoint exists (a rollback to the seed's state). Prints one JSON line: faults
 restarts, recovery and detection time, steps replayed, the wall time of both runs, the cost of a fault in
 fault-free steps (target <= 2.0), and whether the final checkpoint and every logged loss are bitwise equal.
 
-    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10 --replicas 1]
-                          [--smoke]
+    python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10 --replicas 1
+                           --standby 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -382,6 +382,7 @@ def params_dict(a: argparse.Namespace) -> dict[str, Any]:
             "rpc_timeout_s": a.rpc_timeout,
             "max_role_restarts": max(50, 2 * a.faults),
             "memoryx_replicas": a.replicas,
+            "standby_roles": a.standby,
             "seed": 1,
         },
     }
@@ -414,6 +415,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--replicas", type=int, default=1, choices=(0, 1), help="runconfig.memoryx_replicas")
+    ap.add_argument(
+        "--standby",
+        type=int,
+        default=1,
+        help="runconfig.standby_roles (0: each replacement starts a process)",
+    )
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
     ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
     a = ap.parse_args(argv)

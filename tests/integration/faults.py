@@ -1,5 +1,6 @@
 """A `weightstream run` to strike faults at, and what a test reads of it: the steps it logged, a role's pid,
-its losses, when run.log says something, and whether two runs' checkpoints are bitwise the same."""
+its losses, when run.log says something, whether two runs' checkpoints are bitwise the same, and which of its
+processes still run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from safetensors.numpy import load_file
 
 from tests.integration.appliance import weightstream_cmd
@@ -39,8 +41,25 @@ def wait_for_step(proc: subprocess.Popen[str], model_dir: Path, step: int, timeo
     wait_until(lambda: steps_logged_while_running(proc, model_dir) >= step, f"step {step}", timeout)
 
 
+def ready_pid(path: Path) -> int:
+    """The pid a ready file names: the process that serves its role (or, ``standby-*``, a spare)."""
+    return int(json.loads(path.read_text())["pid"])
+
+
 def role_pid(model_dir: Path, role: str) -> int:
-    return int(json.loads((model_dir / "logs" / f"{role}.ready.json").read_text())["pid"])
+    return ready_pid(model_dir / "logs" / f"{role}.ready.json")
+
+
+def still_running(pids: set[int]) -> list[int]:
+    """Those of ``pids`` that still run (a zombie has ended: only its parent has not reaped it yet)."""
+    left = []
+    for pid in sorted(pids):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
 
 
 def run_log_line(model_dir: Path, text: str) -> tuple[float, str]:

@@ -13,7 +13,9 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,12 @@ from tests.integration.appliance import TINY
 from tests.integration.faults import (
     assert_checkpoints_bitwise_equal,
     logged_losses,
+    ready_pid,
     role_pid,
     run_log_line,
     start_run,
     steps_logged_while_running,
+    still_running,
     wait_for_step,
 )
 from tests.waiting import wait_until
@@ -104,18 +108,9 @@ def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, f
     assert logged_losses(model_dir) == logged_losses(fault_free)
     assert not list(model_dir.glob(".recovery_*")), "recovery snapshots are scratch, removed at the end"
 
-    def alive() -> list[int]:
-        left = []
-        for pid in struck:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    left.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return left
-
     # the stopped worker among them: killed by the run, not left behind
-    wait_until(lambda: not alive(), lambda: f"every struck role to be gone ({alive()} are not)", 10)
+    left = partial(still_running, set(struck))
+    wait_until(lambda: not left(), lambda: f"every struck role to be gone ({left()} are not)", 10)
 
 
 @pytest.mark.slow  # ~25 s, beside the chaos test's fault-free run
@@ -212,6 +207,62 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     assert (model_dir / "run.log").read_text().count("replacing it") == len(stopped)
     assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
     assert logged_losses(model_dir) == logged_losses(fault_free)
+
+
+def _spare_files(proc: subprocess.Popen[str], logs: Path, kind: str) -> list[Path]:
+    """The ready files of ``kind``'s spares, failing the test if the run has ended: for a wait."""
+    assert proc.poll() is None, proc.communicate()
+    return sorted(logs.glob(f"standby-{kind}-*.ready.json"))
+
+
+def _serving(model_dir: Path, role: str) -> int | None:
+    """The pid ``role``'s ready file names; None while it has none (a new process is starting)."""
+    try:
+        return role_pid(model_dir, role)
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.slow  # ~20 s, beside the chaos test's fault-free run
+def test_a_killed_worker_is_handed_to_its_standby_process(tmp_path: Path, fault_free: Path) -> None:
+    """``runconfig.standby_roles`` (default 1): once the job's roles are ready, a started, unconfigured
+    process of each kind waits. A SIGKILLed worker is handed to the worker spare: worker-1's ready file is
+    then the one the spare wrote before the fault, naming its pid; a new spare starts in the background;
+    the job ends bitwise where a fault-free run does, and leaves no process, role or spare, behind."""
+    model_dir = tmp_path / "m"
+    logs = model_dir / "logs"
+    proc = start_run(_params(tmp_path), model_dir)
+    try:
+        wait_until(lambda: _spare_files(proc, logs, "worker"), "a ready worker spare", 120)
+        [spare] = _spare_files(proc, logs, "worker")
+        spare_pid = ready_pid(spare)
+        wait_for_step(proc, model_dir, 10)
+        killed = role_pid(model_dir, "worker-1")
+        os.kill(killed, signal.SIGKILL)
+        wait_until(lambda: _serving(model_dir, "worker-1") == spare_pid, "worker-1 served by the spare", 60)
+        assert not spare.exists()  # moved: it is worker-1's now
+        wait_until(lambda: _spare_files(proc, logs, "worker"), "a new worker spare", 120)
+        running = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert any("worker-1" in line and "SIGKILL" in line for line in out.splitlines() if "restart" in line), (
+        out
+    )
+    assert role_pid(model_dir, "worker-1") == spare_pid
+    assert (
+        f"worker-1 is now served by {spare.name.removesuffix('.ready.json')} (pid {spare_pid})"
+        in (logs / "worker-1.log").read_text()
+    )
+    assert_checkpoints_bitwise_equal(model_dir / f"checkpoint_{STEPS}", fault_free / f"checkpoint_{STEPS}")
+    assert logged_losses(model_dir) == logged_losses(fault_free)
+    # every process the run started: those running near its end, and those its ready files name
+    pids = running | {ready_pid(f) for f in logs.glob("*.ready.json")} | {killed}
+    assert spare_pid in running and len(running) > 6  # 6 roles and at least one spare
+    left = partial(still_running, pids)
+    wait_until(lambda: not left(), lambda: f"every process of the run gone ({left()} are not)", 10)
 
 
 def test_a_replacement_whose_data_is_gone_fails_the_job_instead_of_looping(tmp_path: Path) -> None:

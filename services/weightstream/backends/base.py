@@ -78,12 +78,19 @@ class Backend(Protocol):
         as ``failures``); empty while all run and after ``stop``."""
         ...
 
+    def keep_standby(self, per_kind: int) -> None:
+        """Keep ``per_kind`` started, unconfigured processes of each of the job's role kinds from now on
+        (``runconfig.standby_roles``; called once the job's roles are ready), so that ``restart`` can hand
+        a lost role to one instead of starting a process. A backend that keeps none ignores it."""
+        ...
+
     def restart(self, roles: list[RoleSpec]) -> None:
         """Replace each of ``roles``: kill it if it is still there (a hung role: SIGKILL, or its pod deleted
-        at once), wait until it is gone, and start it again with the job's credential. Returns once they
-        are started; ``wait_ready`` then gives every role's address (a replacement's may be new). A retired
-        role (``retire``) is started again the same way and is the job's again from then on. Raises
-        NoCapacityError, having started the others, when some cannot be placed now."""
+        at once), wait until it is gone, and start it again with the job's credential (or hand it to a
+        standby process of its kind, ``keep_standby``). Returns once they are started; ``wait_ready`` then
+        gives every role's address (a replacement's may be new). A retired role (``retire``) is started
+        again the same way and is the job's again from then on. Raises NoCapacityError, having started the
+        others, when some cannot be placed now."""
         ...
 
     def retire(self, roles: list[RoleSpec]) -> None:
@@ -150,12 +157,12 @@ def wait_ready_files(
     while True:
         if stopping():
             raise BackendError(f"stopped while starting{where()}")
-        if len(addresses) == len(roles):
-            return by_kind(addresses)
         dead = failures()
         if dead:
             raise BackendError("; ".join(dead) + where())
         read_ready(run_dir, roles, addresses)
+        if len(addresses) == len(roles):  # at once: a replacement handed a spare is ready before any look
+            return by_kind(addresses)
         if time.monotonic() > deadline:
             missing = sorted(named(r) for r in roles if r not in addresses)
             raise BackendError(

@@ -200,6 +200,11 @@ class RunConfig(Section):
         "lost shard fails over to it with no step replayed, at the cost of the shards' memory and "
         "optimizer work twice over; 0: a lost shard rolls back to the newest recovery point",
     )
+    standby_roles: NonNegativeInt = Field(
+        1,
+        description="started, unconfigured processes kept per role kind for fault recovery to hand a lost "
+        "role to, so that no process start is on its way (local backend only; 0: none)",
+    )
     recovery_snapshot_steps: NonNegativeInt = Field(
         10,
         description="the MemoryX shards save a recovery snapshot every this many steps; a lost shard rolls "

@@ -191,6 +191,8 @@ class JobRunner:
             except BackendError as e:  # no room for the job, a scheduler refusing it: the job fails
                 raise JobFailed(str(e)) from e
             self.roles.configure(self._wait_ready(), str(resume[1]) if resume else None)
+            # only now, with every role ready: spares starting earlier would slow the job's own start
+            self.backend.keep_standby(self.rc.standby_roles)
             self.on_event(RunningEvent(addresses=self.roles.addresses))
             return self._train(start_step, resume[1] if resume else None, t0)
         except JobFailed as e:

@@ -201,6 +201,9 @@ class PodmanPlayedBackend:
                 dead[role] = f"{role.name} {state['Status']} (exit code {state.get('ExitCode')})"
         return dead
 
+    def keep_standby(self, per_kind: int) -> None:
+        pass  # no spare containers: the pods are played once
+
     def restart(self, roles: list[RoleSpec]) -> None:
         raise BackendError(f"played pods are not replaced: {', '.join(r.name for r in roles)}")
 

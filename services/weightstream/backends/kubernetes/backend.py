@@ -286,6 +286,10 @@ class KubernetesBackend:
             return {}
         return dict(self._observe(fresh=True)[0])
 
+    def keep_standby(self, per_kind: int) -> None:
+        """Keeps no spare pod (not implemented here): ``restart`` creates a lost role's pod again under
+        its own name, which the scheduler places and the kubelet starts before it serves."""
+
     def restart(self, roles: list[RoleSpec]) -> None:
         """Delete each role's pod at once (grace period 0: a hung role gets no time to finish), wait until
         its name has left the API (a pod cannot be created while one of that name exists), and create the

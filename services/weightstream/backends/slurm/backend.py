@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import threading
 import time
@@ -31,32 +30,10 @@ from weightstream.backends.slurm import commands as slurm
 from weightstream.backends.slurm.capacity import no_room_for_worker, refuse_unplaced
 from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
 
-__all__ = ["SlurmBackend", "describe_srun_exit"]
+__all__ = ["SlurmBackend"]
 
 ALLOCATE_WAIT_S = 60  # seconds a new allocation may wait in the queue before the job fails
 PROBE_TIMEOUT_S = 60.0
-
-
-def describe_srun_exit(rc: int) -> str:
-    """A role's end from its srun's exit status: srun exits as its task did, 128 + the signal that
-    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``)."""
-    if rc > 128:
-        try:
-            name = signal.Signals(rc - 128).name
-        except ValueError:
-            return f"exited with status {rc}"
-        stopped = name in ("SIGTERM", "SIGINT")
-        return f"stopped on {name} (exit status {rc})" if stopped else f"was killed by {name}"
-    if rc < 0:
-        return f"(its srun) was killed by {signal.Signals(-rc).name}"
-    return f"exited with status {rc}"
-
-
-def close_lifeline(srun: subprocess.Popen[bytes]) -> None:
-    """Close the pipe a role's step reads to learn this process lives (its srun has ended)."""
-    if srun.stdin is not None:
-        with contextlib.suppress(OSError):
-            srun.stdin.close()
 
 
 class SlurmBackend:
@@ -283,11 +260,15 @@ class SlurmBackend:
             if rc is not None:
                 log = self.run_dir / f"{role.name}.log"
                 where = self.nodes[role].name
-                out[role] = f"{role.name} on node {where} {describe_srun_exit(rc)}; its log: {log}"
+                out[role] = f"{role.name} on node {where} {slurm.describe_srun_exit(rc)}; its log: {log}"
         return out
 
     def failures(self) -> list[str]:
         return list(self.dead().values())
+
+    def keep_standby(self, per_kind: int) -> None:
+        """Keeps no spare step (not implemented here): ``restart`` starts a lost role afresh as a new
+        step; a spare step would hold CPUs and memory of the allocation's nodes the whole job long."""
 
     def restart(self, roles: list[RoleSpec]) -> None:
         """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung), wait for its srun,
@@ -306,7 +287,7 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     old.kill()
                     old.wait(timeout=5)
-                close_lifeline(old)
+                slurm.close_lifeline(old)
         serving = self._serving_nodes()
         unplaced = []
         for role in roles:
@@ -335,7 +316,7 @@ class SlurmBackend:
                 srun.wait(timeout=30)
             srun.kill()  # were it still there (a no-op once it has ended)
             srun.wait(timeout=5)
-            close_lifeline(srun)
+            slurm.close_lifeline(srun)
 
     def _serving_nodes(self) -> set[str]:
         """The allocation's nodes that are up (neither down nor drained, and still in the job)."""
@@ -369,7 +350,7 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(timeout=5)
-                close_lifeline(p)
+                slurm.close_lifeline(p)
 
     def _release(self, job: str) -> None:
         """End the allocation this backend made, and wait until Slurm no longer lists it."""

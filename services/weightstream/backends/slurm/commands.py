@@ -8,7 +8,9 @@ output.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ __all__ = [
     "SlurmError",
     "allocate",
     "cancel",
+    "close_lifeline",
+    "describe_srun_exit",
     "granted_job",
     "job_nodes",
     "job_steps",
@@ -266,3 +270,25 @@ def probe_command(job_id: str, nodes: Sequence[str], directory: str, tag: str) -
         directory,
         tag,
     ]
+
+
+def describe_srun_exit(rc: int) -> str:
+    """A role's end from its srun's exit status: srun exits as its task did, 128 + the signal that
+    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``)."""
+    if rc > 128:
+        try:
+            name = signal.Signals(rc - 128).name
+        except ValueError:
+            return f"exited with status {rc}"
+        stopped = name in ("SIGTERM", "SIGINT")
+        return f"stopped on {name} (exit status {rc})" if stopped else f"was killed by {name}"
+    if rc < 0:
+        return f"(its srun) was killed by {signal.Signals(-rc).name}"
+    return f"exited with status {rc}"
+
+
+def close_lifeline(srun: subprocess.Popen[bytes]) -> None:
+    """Close the pipe a role's step reads to learn this process lives (its srun has ended)."""
+    if srun.stdin is not None:
+        with contextlib.suppress(OSError):
+            srun.stdin.close()
