@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,25 @@ def assert_checkpoints_bitwise_equal(a: Path, b: Path) -> None:
         assert x.keys() == y.keys()
         for k in x:
             assert np.array_equal(x[k], y[k]), f"{name}: {k} differs"
+
+
+def run_striking(
+    params: Path, model_dir: Path, strikes: Sequence[tuple[int, str, int]]
+) -> tuple[str, list[int]]:
+    """A `weightstream run` of ``params`` that sends, once it has logged step ``step``, ``signal`` to the
+    process of ``role`` (its ready file's pid), for each of ``strikes``; fails the test unless the run ends
+    well. Returns its progress output and the pids struck."""
+    proc = start_run(params, model_dir)
+    struck: list[int] = []
+    try:
+        for step, role, sig in strikes:
+            wait_for_step(proc, model_dir, step)
+            pid = role_pid(model_dir, role)
+            os.kill(pid, sig)
+            struck.append(pid)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    return out, struck

@@ -30,6 +30,7 @@ from tests.integration.faults import (
     ready_pid,
     role_pid,
     run_log_line,
+    run_striking,
     start_run,
     steps_logged_while_running,
     still_running,
@@ -82,19 +83,7 @@ SCHEDULE = [
 @pytest.mark.slow  # ~35 s: two 120-step runs
 def test_a_job_survives_the_loss_of_every_kind_of_role_bitwise(tmp_path: Path, fault_free: Path) -> None:
     model_dir = tmp_path / "m"
-    proc = start_run(_params(tmp_path), model_dir)
-    struck: list[int] = []
-    try:
-        for step, role, sig in SCHEDULE:
-            wait_for_step(proc, model_dir, step)
-            pid = role_pid(model_dir, role)
-            os.kill(pid, sig)
-            struck.append(pid)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+    out, struck = run_striking(_params(tmp_path), model_dir, SCHEDULE)
     # each fault is a line of the progress output and of run.log, naming the role and how it died
     for _, role, sig in SCHEDULE:
         how = "SIGKILL" if sig == signal.SIGKILL else "hung"
@@ -120,19 +109,11 @@ def test_with_replicas_a_lost_memoryx_shard_replays_no_step(tmp_path: Path, faul
     here would roll back to the seed's state or the step-60 checkpoint). The result is bitwise the
     fault-free run's, which had no replicas: a replica changes nothing in the numbers."""
     model_dir = tmp_path / "m"
-    proc = start_run(_params(tmp_path, memoryx_replicas=1, recovery_snapshot_steps=0), model_dir)
+    params = _params(tmp_path, memoryx_replicas=1, recovery_snapshot_steps=0)
     # (step, process): shard 0's own, then shard 1's replica, then the process serving shard 0 after its
     # failover, the one started as its replica
     strikes = [(10, "memoryx-0"), (30, "memoryx-replica-1"), (50, "memoryx-replica-0")]
-    try:
-        for step, role in strikes:
-            wait_for_step(proc, model_dir, step)
-            os.kill(role_pid(model_dir, role), signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+    out, _ = run_striking(params, model_dir, [(step, role, signal.SIGKILL) for step, role in strikes])
     run_log = (model_dir / "run.log").read_text()
     assert run_log.count("replacing it") == len(strikes)
     assert run_log.count("memoryx-0 fails over to its replica") == 2, run_log
@@ -191,17 +172,10 @@ def test_roles_told_to_stop_with_sigterm_are_replaced_bitwise(tmp_path: Path, fa
     SIGTERM) while its peers are mid-step. The job replaces it and ends bitwise where a fault-free run
     does."""
     model_dir = tmp_path / "m"
-    proc = start_run(_params(tmp_path), model_dir)
     stopped = [(30, "memoryx-1"), (70, "worker-0")]
-    try:
-        for step, role in stopped:
-            wait_for_step(proc, model_dir, step)
-            os.kill(role_pid(model_dir, role), signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+    out, _ = run_striking(
+        _params(tmp_path), model_dir, [(step, role, signal.SIGTERM) for step, role in stopped]
+    )
     for _, role in stopped:
         assert any(role in line and "stopped on SIGTERM" in line for line in out.splitlines()), out
     assert (model_dir / "run.log").read_text().count("replacing it") == len(stopped)

@@ -52,30 +52,33 @@ class JobsCollector(Collector):
         """Counted from the stored restart events, not in memory: the counter survives a service restart
         (it only grows, as the events are never deleted) and a crash loses none. Every kind is present,
         0 included, so that an alert on ``increase(...)`` has a series before the first fault."""
-        counts: dict[str, int] = dict.fromkeys(ROLE_KINDS, 0)
-        counts.update(self.service.store.role_restarts())
-        restarts = CounterMetricFamily(
+        return self._replacements(
             "weightstream_role_restarts",  # exposed with the counter's suffix: ..._total
             "roles replaced by fault recovery, over every job, by role kind",
-            labels=["kind"],
+            ("kind", "role_kind", ROLE_KINDS),
         )
-        for kind, n in counts.items():
-            restarts.add_metric([kind], n)
-        return restarts
 
     def _faults(self) -> CounterMetricFamily:
         """The same replacements by how the role was lost (``died``: its process ended; ``hung``: it
         stopped answering, stopped or cut off, and was killed), every fault kind present from the start."""
-        counts: dict[str, int] = dict.fromkeys(get_args(FaultKind), 0)
-        counts.update(self.service.store.role_restarts(by="fault"))
-        faults = CounterMetricFamily(
-            "weightstream_role_faults",  # exposed with the counter's suffix: ..._total
+        return self._replacements(
+            "weightstream_role_faults",
             "roles lost and replaced by fault recovery, over every job, by how they were lost",
-            labels=["fault"],
+            ("fault", "fault", get_args(FaultKind)),
         )
-        for fault, n in counts.items():
-            faults.add_metric([fault], n)
-        return faults
+
+    def _replacements(
+        self, name: str, documentation: str, label: tuple[str, str, tuple[str, ...]]
+    ) -> CounterMetricFamily:
+        """The stored restart events counted by one of their fields: ``label`` is (the label's name, the
+        event field, every value it takes, each present from the start)."""
+        label_name, field, values = label
+        counts: dict[str, int] = dict.fromkeys(values, 0)
+        counts.update(self.service.store.role_restarts(by=field))
+        family = CounterMetricFamily(name, documentation, labels=[label_name])
+        for value, n in counts.items():
+            family.add_metric([value], n)
+        return family
 
 
 def register_metrics(registry: CollectorRegistry, service: JobService) -> None:
