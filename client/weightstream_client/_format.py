@@ -20,6 +20,7 @@ __all__ = [
     "cell",
     "density_text",
     "dump",
+    "faults_text",
     "human_duration",
     "iso_time",
     "job_row",
@@ -80,6 +81,20 @@ def job_row(job: Mapping[str, Any], now: float) -> list[str]:
         cell(job.get("user", "")),
         labels_text(job.get("labels", {})),
     ]
+
+
+def faults_text(faults: Mapping[str, Any], num_csx: int) -> str:
+    """A job's fault recovery (the service's ``faults``) as lines under its row: the roles replaced, by
+    kind, and the workers it trains with when fewer than it asked for, with why."""
+    restarts = faults.get("restarts") or {}
+    by_kind = ", ".join(f"{cell(k)} {n}" for k, n in sorted(restarts.items()))
+    lines = [f"RESTARTS   {sum(restarts.values())}" + (f" ({by_kind})" if by_kind else "")]
+    workers = faults.get("workers", num_csx)
+    line = f"WORKERS    {workers} of {num_csx}"
+    if faults.get("last_workers_change"):
+        line += f"   (last change: {cell(faults['last_workers_change'])})"
+    lines.append(line)
+    return "".join(f"{x}\n" for x in lines)
 
 
 def density_text(density: float | None) -> str:

@@ -25,6 +25,7 @@ from weightstream_client._format import (
     JOB_COLUMNS,
     cell,
     dump,
+    faults_text,
     job_row,
     labels_text,
     newest_first,
@@ -90,6 +91,8 @@ def _print_jobs(jobs: list[dict[str, Any]], output: OutputFormat | None, one: bo
     else:  # plain text, not rich: a pipe gets every job on one line at its full width
         now = time.time()
         sys.stdout.write(table(JOB_COLUMNS, [job_row(j, now) for j in jobs]))
+        if one and jobs[0].get("faults"):
+            sys.stdout.write(faults_text(jobs[0]["faults"], jobs[0]["num_csx"]))
 
 
 @get_app.command("jobs")

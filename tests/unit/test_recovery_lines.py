@@ -1,9 +1,11 @@
-"""A fault recovery as the client's progress output shows it (``recovery_line``): the host a lost role ran
-on and what the recovery did, where the service's events say; older events without them still read; and a
-change of the job's worker count (elastic workers)."""
+"""A fault recovery as the client shows it: the progress lines (``recovery_line``: the host a lost role ran
+on and what the recovery did, where the service's events say; older events without them still read), and
+``wsctl get job``'s lines under the job's row (``faults_text``: restarts by kind, the workers it trains
+with)."""
 
 from __future__ import annotations
 
+from weightstream_client._format import faults_text
 from weightstream_client._progress import recovery_line
 
 
@@ -30,3 +32,15 @@ def test_a_change_of_the_worker_count_says_from_what_to_what_and_why() -> None:
     e = {"kind": "workers", "step": 6, "from_workers": 3, "to_workers": 2}
     why = "no capacity to start worker-1 again within 30s"
     assert recovery_line({**e, "reason": why}) == f"step 6  workers 3 -> 2: {why}"
+
+
+def test_get_job_shows_restarts_by_kind_and_fewer_workers_with_why() -> None:
+    faults = {
+        "restarts": {"worker": 2, "memoryx": 1},
+        "workers": 2,
+        "last_workers_change": "worker-1: no room",
+    }
+    assert faults_text(faults, 3) == (
+        "RESTARTS   3 (memoryx 1, worker 2)\nWORKERS    2 of 3   (last change: worker-1: no room)\n"
+    )
+    assert faults_text({"restarts": {}, "workers": 3}, 3) == "RESTARTS   0\nWORKERS    3 of 3\n"

@@ -64,7 +64,8 @@ class CoordinatorServicer(rpc.CoordinatorServicer):
             job = await asyncio.to_thread(self.service.store.get, job_id)
         except UnknownJob as e:
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
-        return JobView.of(job).model_dump_json()
+        view = await asyncio.to_thread(JobView.of, job, self.service.store)
+        return view.model_dump_json()
 
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -130,6 +130,16 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
         for role, pid in killed.items():
             assert f"{role} (pid {pid}) was killed by SIGKILL" in logs.stdout, logs.stdout
         assert logs.stdout.count("recovered in") == 3, logs.stdout
+
+        # wsctl get job: the restarts by kind and the workers it trains with, under the job's row
+        got = subprocess.run(
+            _wsctl("get", "job", job.id), env=_env(service.url), capture_output=True, text=True, timeout=60
+        )
+        assert got.returncode == 0, got.stderr
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
+        assert f"RESTARTS   3 ({kinds})" in got.stdout and "WORKERS    2 of 2" in got.stdout, got.stdout
+        faults = job.info()["faults"]
+        assert faults["restarts"] == dict(by_kind) and faults["workers"] == 2, faults
         resolved = job.info()["params"]
     finally:
         service.stop()

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from weightstream.jobs.limits import MAX_LABEL_LENGTH, MAX_LABELS
 from weightstream.jobs.model_summary import model_summary
-from weightstream.jobs.store import Job
+from weightstream.jobs.store import Job, JobStore
 
 __all__ = [
     "Checkpoint",
@@ -76,6 +76,27 @@ class HistoryEntry(BaseModel):
     reason: str | None = None
 
 
+class JobFaults(BaseModel):
+    """What fault recovery has done in a job, from its stored events."""
+
+    restarts: dict[str, int] = Field(description="roles replaced so far, by role kind")
+    workers: int = Field(
+        description="the CS-2 workers it trains with now: num_csx, or fewer while a lost worker found no "
+        "capacity to start again (runconfig.min_num_csx)"
+    )
+    last_workers_change: str | None = Field(None, description="why the worker count last changed, if it did")
+
+    @staticmethod
+    def of(job: Job, store: JobStore) -> JobFaults:
+        change = store.last_event(job.id, "workers")
+        data = change["data"] if change else {}
+        return JobFaults(
+            restarts=store.role_restarts(job.id),
+            workers=int(data.get("to_workers", job.num_csx)),
+            last_workers_change=data.get("reason"),
+        )
+
+
 class JobView(BaseModel):
     """A job as both APIs describe it (the gRPC API sends this object as JSON)."""
 
@@ -95,9 +116,13 @@ class JobView(BaseModel):
     density: float = Field(
         description="the share of weights that may be non-zero: 1.0 dense, 0.1 at 90% sparsity"
     )
+    faults: JobFaults | None = Field(
+        None, description="what fault recovery has done; given where one job is asked for, not in lists"
+    )
 
     @staticmethod
-    def of(job: Job) -> JobView:
+    def of(job: Job, store: JobStore | None = None) -> JobView:
+        """``store``: add ``faults`` from the job's events (two indexed queries)."""
         num_parameters, density = model_summary(job.params)
         return JobView(
             id=job.id,
@@ -114,6 +139,7 @@ class JobView(BaseModel):
             params=job.params,
             num_parameters=num_parameters,
             density=density,
+            faults=JobFaults.of(job, store) if store is not None else None,
         )
 
 

@@ -65,8 +65,8 @@ def list_jobs(
 
 
 @router.get("/{job_id}")
-def get_job(job: JobDep) -> JobView:
-    return JobView.of(job)
+def get_job(job: JobDep, service: ServiceDep) -> JobView:
+    return JobView.of(job, service.store)
 
 
 @router.delete("/{job_id}", responses={409: error_doc("the job has already finished")})
