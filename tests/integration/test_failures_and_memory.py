@@ -24,10 +24,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _role_pids(model_dir: Path) -> dict[str, int]:
+def _role_pids(model_dir: Path, standby: bool = True) -> dict[str, int]:
+    """The pid of every process that has written a ready file: the job's roles and (``standby``) the
+    standby processes the local backend keeps once the roles are configured."""
     return {
         f.name.removesuffix(".ready.json"): json.loads(f.read_text())["pid"]
         for f in (model_dir / "logs").glob("*.ready.json")
+        if standby or not f.name.startswith("standby-")
     }
 
 
@@ -65,15 +68,19 @@ def test_a_role_lost_past_the_restart_budget_fails_the_job_fast_and_leaves_nothi
     """With no replacements allowed (runconfig.max_role_restarts 0) a dead role fails the job at once,
     naming it and how it died, with the run's fault history; no process is left behind."""
     proc, model_dir = _start_long_run(tmp_path, max_role_restarts=0)
-    pids = _role_pids(model_dir)
-    assert len(pids) == 6  # 2 memoryx, 1 swarmx, 1 activation, 2 workers
-    t0 = time.monotonic()
-    os.kill(pids[victim], signal.SIGKILL)
     try:
+        roles = _role_pids(model_dir, standby=False)
+        assert len(roles) == 6  # 2 memoryx, 1 swarmx, 1 activation, 2 workers
+        t0 = time.monotonic()
+        os.kill(roles[victim], signal.SIGKILL)
         _, stderr = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
         pytest.fail("the job did not end within 30s of a role's death")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    pids = {**_role_pids(model_dir), **roles}  # the standby processes started meanwhile too
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1
     assert victim in stderr and "SIGKILL" in stderr, stderr

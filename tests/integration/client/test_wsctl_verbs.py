@@ -105,7 +105,11 @@ def test_get_job_shows_one_job_or_everything_about_it(served: Served) -> None:
     job = served.submit("one")
     served.wait_started("one")
     r = wsctl(served.url, "get", "job", job)
-    assert r.returncode == 0 and [row[0] for row in rows(r.stdout)] == ["NAME", job], r.stdout
+    # the job's row, then what fault recovery has done in it
+    assert r.returncode == 0 and [row[0] for row in rows(r.stdout)] == ["NAME", job, "RESTARTS", "WORKERS"], (
+        r.stdout
+    )
+    assert "RESTARTS   0\nWORKERS    1 of 1\n" in r.stdout, r.stdout
     info = json.loads(wsctl(served.url, "get", "job", job, "-o", "json").stdout)
     assert info["id"] == job and info["user"] == USER and info["status"] == "running"
     assert info["duration_s"] >= 0 and [h["status"] for h in info["history"]] == ["queued", "running"]

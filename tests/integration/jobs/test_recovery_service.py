@@ -132,12 +132,12 @@ def test_a_job_recovers_from_killed_roles_and_the_service_shows_every_restart(tm
         assert logs.stdout.count("recovered in") == 3, logs.stdout
 
         # wsctl get job: the restarts by kind and the workers it trains with, under the job's row
-        got = subprocess.run(
+        shown = subprocess.run(
             _wsctl("get", "job", job.id), env=_env(service.url), capture_output=True, text=True, timeout=60
         )
-        assert got.returncode == 0, got.stderr
+        assert shown.returncode == 0, shown.stderr
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
-        assert f"RESTARTS   3 ({kinds})" in got.stdout and "WORKERS    2 of 2" in got.stdout, got.stdout
+        assert f"RESTARTS   3 ({kinds})" in shown.stdout and "WORKERS    2 of 2" in shown.stdout, shown.stdout
         faults = job.info()["faults"]
         assert faults["restarts"] == dict(by_kind) and faults["workers"] == 2, faults
         resolved = job.info()["params"]
