@@ -157,7 +157,6 @@ class Recovery:
         self.backend = roles.backend
         self.emit, self.cancelled, self.wait_ready, self.snapshot = emit, cancelled, wait_ready, snapshot
         self.elastic = elastic
-        self._failed_over: frozenset[int] = frozenset()  # the shards the fault being recovered failed over
         self.probe_s = min(PROBE_TIMEOUT_S, roles.timeout_s)
         self.hung_s = min(roles.heartbeats.timeout_s, roles.timeout_s)  # silent this long: hung
 
@@ -248,7 +247,7 @@ class Recovery:
         if backoff and self.cancelled.wait(backoff):
             raise JobCancelled("cancelled")
         addresses = self.roles.addresses
-        keeps, rebuild = self._shards_after(lost)
+        keeps, rebuild, failed_over = self._shards_after(lost)
         left_out = self.elastic.replace(list(lost), at, self.budget.fail) if lost else []
         replaced = sorted(r.name for r in lost if r not in left_out)
         done_here = (
@@ -256,7 +255,7 @@ class Recovery:
         )
         if left_out:
             done_here.append(f"went on without {', '.join(r.name for r in left_out)} (no capacity)")
-        done_here += [f"memoryx-{i} failed over to its replica" for i in sorted(self._failed_over)]
+        done_here += [f"memoryx-{i} failed over to its replica" for i in sorted(failed_over)]
         if lost:
             try:
                 addresses = self.wait_ready()
@@ -316,26 +315,24 @@ class Recovery:
         except (OSError, ValueError):
             return ""
 
-    def _shards_after(self, lost: dict[RoleSpec, str]) -> tuple[bool, frozenset[int]]:
+    def _shards_after(self, lost: dict[RoleSpec, str]) -> tuple[bool, frozenset[int], frozenset[int]]:
         """What the loss of ``lost`` leaves of MemoryX: (whether every shard's state survives, the shards
-        whose replica must be built again). A shard that lost its serving process but not its replica fails
-        over to the replica (``RolePlane.promoted``), whose state is the shard's, bit for bit; the process
-        that replaces the lost one becomes the new replica. A shard that lost both, or that has no replica,
-        has lost its state."""
+        whose replica must be built again, the shards that failed over). A shard that lost its serving
+        process but not its replica fails over to the replica (``RolePlane.promoted``), whose state is the
+        shard's, bit for bit; the process that replaces the lost one becomes the new replica. A shard that
+        lost both, or that has no replica, has lost its state."""
         counts = self.roles.plan.counts()
         serving = self.roles.serving_process
         primary = {i for i in range(counts["memoryx"]) if serving("memoryx", i) in lost}
         replica = {i for i in range(counts[REPLICA]) if serving(REPLICA, i) in lost}
-        self._failed_over = frozenset()
         if not counts[REPLICA]:
-            return not primary, frozenset()
+            return not primary, frozenset(), frozenset()
         if primary & replica:
-            return False, frozenset()
+            return False, frozenset(), frozenset()
         for i in sorted(primary):
             self.log.warning("memoryx-%d fails over to its replica (%s)", i, serving(REPLICA, i).name)
             self.roles.promoted ^= {i}
-        self._failed_over = frozenset(primary)
-        return True, frozenset(primary | replica)
+        return True, frozenset(primary | replica), frozenset(primary)
 
     def _rebuild(self, shards: frozenset[int], step: int, point: tuple[int, Path | None]) -> None:
         """Give each of ``shards``' new replicas the state every shard is at, ``step``: from the recovery
