@@ -12,7 +12,8 @@ def recovery_line(e: dict[str, Any]) -> str | None:
     """A fault-recovery event as one line for a person, or None for any other event:
     ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
     failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
-    ``step 20  recovered in 0.4s (replaying 5 steps)`` (``step``: the step every shard holds now)."""
+    ``step 20  recovered in 0.4s (replaying 5 steps)`` (``step``: the step every shard holds now), and
+    ``step 30  straggler: worker-1 on h2 2.1x the other workers' median for 3 steps`` (a slow worker)."""
     kind = e.get("kind")
     if kind == "restart":
         budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
@@ -24,6 +25,13 @@ def recovery_line(e: dict[str, Any]) -> str | None:
         took = e.get("recovery_s")
         took_s = f"{took:.1f}s" if isinstance(took, int | float) else "?"
         return f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'})"
+    if kind == "straggler":
+        ratio = e.get("ratio")
+        times = f"{ratio:.1f}x" if isinstance(ratio, int | float) else "?x"
+        return (
+            f"step {e.get('step')}  straggler: {e.get('worker')} on {e.get('host')} {times} the other "
+            f"workers' median for {e.get('steps')} steps"
+        )
     return None
 
 

@@ -37,6 +37,7 @@ from weightstream.training.events import (
     StartingEvent,
     StartingFromEvent,
     StepEvent,
+    StragglerEvent,
 )
 from weightstream.training.runner import JobFailed, JobRunner, job_log
 
@@ -129,6 +130,12 @@ def run_job(
             case RecoveredEvent():
                 replay = f", replaying {e.replay_steps} steps" if e.replay_steps else ""
                 progress.console.print(f"step {e.step:>6}  recovered in {e.recovery_s:.1f}s{replay}")
+            case StragglerEvent():
+                progress.console.print(
+                    f"step {e.step:>6}  [yellow]straggler:[/yellow] {e.worker} on {escape(e.host)} "
+                    f"{e.ratio:.1f}x the other workers' median for {e.steps} steps",
+                    soft_wrap=True,
+                )
 
     t0 = time.monotonic()
     try:

@@ -15,6 +15,7 @@ the job service stores as the event's data under its ``kind`` (a status event's 
   restart     role, role_kind, step, reason, restarts, max_role_restarts
   retry       step, reason
   recovered   step, replay_steps, recovery_s, generation, restarts, addresses
+  straggler   step, worker, host, ratio, steps
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ __all__ = [
     "StartingFromEvent",
     "StatusEvent",
     "StepEvent",
+    "StragglerEvent",
 ]
 
-EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered"]
+EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered", "straggler"]
 Addresses = dict[str, list[str]]  # every role's address, by kind
 
 
@@ -182,3 +184,18 @@ class RecoveredEvent(JobEvent):
     generation: int
     restarts: int  # replacements so far in this run
     addresses: Addresses  # every role's, a replacement's new one included (the dashboard shows it)
+
+
+# -- stragglers --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StragglerEvent(JobEvent):
+    """Worker ``worker`` on ``host`` has held the steps back for ``steps`` steps running, up to step ``step``
+    (1-based): its time in each was at least ``training.stragglers.STRAGGLER_RATIO`` times the other
+    workers' median, ``ratio`` times in the last. Emitted once per such stretch."""
+
+    kind: ClassVar[EventKind] = "straggler"
+    step: int
+    worker: str  # e.g. "worker-1"
+    host: str  # the host it runs on, as it names itself
+    ratio: float
+    steps: int

@@ -6,8 +6,9 @@ the TensorBoard files from it. Everything in between reads attributes; a record 
 leaves the process, through ``to_dict``, whose keys and their order are the file's format:
 
   a logged step:   step, loss, learning_rate, grad_norm, step_time_s, worker_wait_s, worker_compute_s,
-                   update_s, worker_peak_rss_bytes, worker_wire_bytes, tokens_per_second,
-                   local_samples_per_sec, avg_samples_per_sec
+                   update_s, worker_peak_rss_bytes, worker_wire_bytes, slowest_worker,
+                   slowest_worker_ratio, slowest_worker_lag_s, tokens_per_second, local_samples_per_sec,
+                   avg_samples_per_sec
   an evaluation:   step, eval_loss
 
 The events a job emits (``training.events``) carry the same records.
@@ -39,6 +40,11 @@ class StepRecord:
     update_s: float  # from the workers' replies to the update's end: the norm and the optimizer
     worker_peak_rss_bytes: int  # the largest worker's peak resident memory
     worker_wire_bytes: int  # weights in and gradients out over every worker's link: falls with density
+    # the worker the step waited for (-1: fewer than two workers), its time over the others' median and
+    # how many seconds behind it was (``training.stragglers``): a slow host or link shows here step by step
+    slowest_worker: int = -1
+    slowest_worker_ratio: float = 1.0
+    slowest_worker_lag_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The step's fields of its ``metrics.jsonl`` line and its ``step`` event, in the file's order
@@ -54,6 +60,9 @@ class StepRecord:
             "update_s": self.update_s,
             "worker_peak_rss_bytes": self.worker_peak_rss_bytes,
             "worker_wire_bytes": self.worker_wire_bytes,
+            "slowest_worker": self.slowest_worker,
+            "slowest_worker_ratio": self.slowest_worker_ratio,
+            "slowest_worker_lag_s": self.slowest_worker_lag_s,
         }
 
 

@@ -42,6 +42,7 @@ from weightstream.training.events import (
     StartingEvent,
     StartingFromEvent,
     StepEvent,
+    StragglerEvent,
 )
 from weightstream.training.hf_start import check_start_checkpoint
 from weightstream.training.metrics_writer import MetricsWriter
@@ -50,11 +51,13 @@ from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
 from weightstream.training.run_state import PostStep, RunState
 from weightstream.training.stepping import StepDriver
+from weightstream.training.stragglers import StragglerWatch
 from weightstream.transport.auth import new_role_token
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
 
 log = logging.getLogger("weightstream.training")
+STRAGGLER_PROBE_S = 2.0  # a straggler's Health call, which names its host: it answers at once when up
 
 
 @contextmanager
@@ -115,6 +118,7 @@ class JobRunner:
         self._cancelled = threading.Event()
         self.log = log.getChild(job_id)  # one logger per job: a service runs several at once
         self.budget = RestartBudget(self.rc.max_role_restarts)
+        self.stragglers = StragglerWatch()
 
     def cancel(self) -> None:
         """Stop the job from another thread: its roles are stopped at once, ``run`` raises JobCancelled."""
@@ -284,6 +288,29 @@ class JobRunner:
             )
         self.steps.committed()
         self.state.post = self._after(done)
+        straggler = self.stragglers.observe(
+            record.slowest_worker, record.slowest_worker_ratio, record.slowest_worker_lag_s
+        )
+        if straggler is not None:
+            self._warn_straggler(record, straggler)
+
+    def _warn_straggler(self, record: StepRecord, worker: int) -> None:
+        """Say that ``worker`` has held the steps back up to ``record``'s (``training.stragglers``), naming
+        its host as it names itself (its Health reply; its address's host where it does not answer)."""
+        role = RoleSpec("worker", worker)
+        reply = self.roles.probe([role], STRAGGLER_PROBE_S)[role]
+        host = reply.host.split("/")[0] if reply is not None and reply.host else ""
+        host = host or self.roles.addresses["worker"][worker].rsplit(":", 1)[0]
+        ratio, steps = record.slowest_worker_ratio, self.stragglers.run
+        self.log.warning(
+            "step %d: %s on %s is a straggler: %.2fx the other workers' median time for %d steps running",
+            record.step,
+            role.name,
+            host,
+            ratio,
+            steps,
+        )
+        self.on_event(StragglerEvent(step=record.step, worker=role.name, host=host, ratio=ratio, steps=steps))
 
     def _replay(self, record: StepRecord) -> None:
         self.budget.step_completed()

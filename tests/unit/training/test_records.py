@@ -23,6 +23,7 @@ from weightstream.training.events import (
     StartingFromEvent,
     StatusEvent,
     StepEvent,
+    StragglerEvent,
 )
 from weightstream.training.metrics_writer import MetricsWriter
 from weightstream.training.records import EvalRecord, SampleRates, StepMetrics, StepRecord
@@ -39,6 +40,9 @@ RECORD = StepRecord(
     update_s=0.0033972290002566297,
     worker_peak_rss_bytes=218869760,
     worker_wire_bytes=252672,
+    slowest_worker=1,
+    slowest_worker_ratio=1.0433873590311127,
+    slowest_worker_lag_s=0.0004779150034300983,
 )
 RATES = SampleRates(local_samples_per_sec=8.151412536771526, avg_samples_per_sec=8.151412536771526)
 TOKENS_PER_SECOND = 130.46094208818167
@@ -47,7 +51,8 @@ STEP_LINE = (
     '{"step": 2, "loss": 4.167198294773698, "learning_rate": 0.001, "grad_norm": 0.9565651755112154, '
     '"step_time_s": 0.051502461999916704, "worker_wait_s": 1.1135766849984066, '
     '"worker_compute_s": 0.011468573004094651, "update_s": 0.0033972290002566297, '
-    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, '
+    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, "slowest_worker": 1, '
+    '"slowest_worker_ratio": 1.0433873590311127, "slowest_worker_lag_s": 0.0004779150034300983, '
     '"tokens_per_second": 130.46094208818167, "local_samples_per_sec": 8.151412536771526, '
     '"avg_samples_per_sec": 8.151412536771526}'
 )
@@ -82,7 +87,9 @@ EVENTS: list[tuple[JobEvent, str]] = [
         '"grad_norm": 0.9565651755112154, "step_time_s": 0.051502461999916704, '
         '"worker_wait_s": 1.1135766849984066, "worker_compute_s": 0.011468573004094651, '
         '"update_s": 0.0033972290002566297, "worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, '
-        '"tokens_per_second": 130.46094208818167, "max_steps": 6}',
+        '"slowest_worker": 1, "slowest_worker_ratio": 1.0433873590311127, '
+        '"slowest_worker_lag_s": 0.0004779150034300983, "tokens_per_second": 130.46094208818167, '
+        '"max_steps": 6}',
     ),
     (
         EvalEvent(step=3, eval_loss=4.158126917667687),
@@ -119,6 +126,11 @@ EVENTS: list[tuple[JobEvent, str]] = [
         ),
         '{"event": "recovered", "step": 3, "replay_steps": 1, "recovery_s": 0.9163870599986694, '
         f'"generation": 1, "restarts": 1, "addresses": {ADDRESSES_JSON}}}',
+    ),
+    (
+        StragglerEvent(step=12, worker="worker-1", host="h2", ratio=4.212046384811401, steps=3),
+        '{"event": "straggler", "step": 12, "worker": "worker-1", "host": "h2", "ratio": 4.212046384811401, '
+        '"steps": 3}',
     ),
 ]
 

@@ -8,7 +8,9 @@ output.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ __all__ = [
     "SlurmError",
     "allocate",
     "cancel",
+    "close_lifeline",
+    "describe_srun_exit",
     "granted_job",
     "job_nodes",
     "job_steps",
@@ -266,3 +270,30 @@ def probe_command(job_id: str, nodes: Sequence[str], directory: str, tag: str) -
         directory,
         tag,
     ]
+
+
+def describe_srun_exit(rc: int, said: str = "") -> str:
+    """A role's end from its srun's exit status: srun exits as its task did, 128 + the signal that
+    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``). ``said``: what srun
+    wrote meanwhile; srun exits 0 when Slurm declares the node down under the task ("srun: error: Node
+    failure on h3"), as a task that ended by itself would."""
+    if rc > 128:
+        try:
+            name = signal.Signals(rc - 128).name
+        except ValueError:
+            return f"exited with status {rc}"
+        stopped = name in ("SIGTERM", "SIGINT")
+        return f"stopped on {name} (exit status {rc})" if stopped else f"was killed by {name}"
+    if rc < 0:
+        return f"(its srun) was killed by {signal.Signals(-rc).name}"
+    failed = re.search(r"srun: error: Node failure on (\S+)", said)
+    if rc == 0 and failed:
+        return f"was lost with its node (Slurm declared {failed[1]} down: node failure)"
+    return f"exited with status {rc}"
+
+
+def close_lifeline(srun: subprocess.Popen[bytes]) -> None:
+    """Close the pipe a role's step reads to learn this process lives (its srun has ended)."""
+    if srun.stdin is not None:
+        with contextlib.suppress(OSError):
+            srun.stdin.close()
