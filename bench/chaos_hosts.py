@@ -212,6 +212,9 @@ def summarize(
         "step_s_fault_free_median": round(statistics.median(base.step_durations()[1:]), 3),
         "wall_s_fault_free": round(base.wall_s(), 1),
         "wall_s_faulty": round(faulty.wall_s(), 1),
+        # the fault-free run's: its workers share the machine's cores, so one is 1.4x the other at the
+        # median, and now and then 1.5x for three steps running
+        "straggler_events_fault_free": len(base.stragglers()),
         "restarts": faulty.count("restart"),
         "recoveries": faulty.count("recovered"),
         # slurmctld pings every SlurmdTimeout/3: a node is "not responding" after a failed ping, DOWN once

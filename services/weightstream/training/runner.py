@@ -51,7 +51,7 @@ from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
 from weightstream.training.run_state import PostStep, RunState
 from weightstream.training.stepping import StepDriver
-from weightstream.training.stragglers import StragglerWatch
+from weightstream.training.stragglers import StragglerWatch, host_named
 from weightstream.transport.auth import new_role_token
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -299,18 +299,11 @@ class JobRunner:
         its host as it names itself (its Health reply; its address's host where it does not answer)."""
         role = RoleSpec("worker", worker)
         reply = self.roles.probe([role], STRAGGLER_PROBE_S)[role]
-        host = reply.host.split("/")[0] if reply is not None and reply.host else ""
-        host = host or self.roles.addresses["worker"][worker].rsplit(":", 1)[0]
-        ratio, steps = record.slowest_worker_ratio, self.stragglers.run
-        self.log.warning(
-            "step %d: %s on %s is a straggler: %.2fx the other workers' median time for %d steps running",
-            record.step,
-            role.name,
-            host,
-            ratio,
-            steps,
-        )
-        self.on_event(StragglerEvent(step=record.step, worker=role.name, host=host, ratio=ratio, steps=steps))
+        host = host_named(reply.host if reply else "", self.roles.addresses["worker"][worker])
+        e = StragglerEvent(record.step, role.name, host, record.slowest_worker_ratio, self.stragglers.run)
+        self.log.warning("step %d: %s on %s is a straggler: %.2fx the other workers' median time for %d "
+                         "steps running", e.step, e.worker, e.host, e.ratio, e.steps)  # fmt: skip
+        self.on_event(e)
 
     def _replay(self, record: StepRecord) -> None:
         self.budget.step_completed()

@@ -20,7 +20,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["STRAGGLER_MIN_LAG_S", "STRAGGLER_RATIO", "STRAGGLER_STEPS", "StragglerWatch", "slowest_worker"]
+__all__ = [
+    "STRAGGLER_MIN_LAG_S",
+    "STRAGGLER_RATIO",
+    "STRAGGLER_STEPS",
+    "StragglerWatch",
+    "host_named",
+    "slowest_worker",
+]
 
 STRAGGLER_RATIO = 1.5  # a worker this many times the others' median is holding the step back
 # steps running before the warning: one slow step is noise (a page fault, a neighbour's burst), three is a
@@ -40,6 +47,12 @@ def slowest_worker(times_s: Sequence[float]) -> tuple[int, float, float]:
     others = statistics.median(t for j, t in enumerate(times_s) if j != i)
     ratio = (times_s[i] / max(others, _FLOOR_S)) if times_s[i] > 0 else 1.0
     return i, ratio, times_s[i] - others
+
+
+def host_named(identity: str, address: str) -> str:
+    """A worker's host as a user knows it: the host name that starts its identity (its Health reply's
+    ``host``, "<host name>/<boot id>/..."), else the host part of its address ("host:port")."""
+    return identity.split("/")[0] or address.rpartition(":")[0]
 
 
 class StragglerWatch:

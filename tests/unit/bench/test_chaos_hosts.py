@@ -24,7 +24,7 @@ def test_the_run_holds_every_fault_at_its_step_time() -> None:
     plan = host_faults.PLAN
     assert [f.what for f in plan].count("host_loss") == 3 and [f.what for f in plan].count("partition") == 2
     slow, fast = host_faults.steps_for(plan, 2.0), host_faults.steps_for(plan, 0.1)
-    seconds = 3 * 40 + 2 * 45 + 40  # each host loss, each partition, the tail
+    seconds = 3 * 10 + 2 * 30 + 40  # each host loss, each partition, the tail
     assert fast > seconds / 0.1 and slow > seconds / 2.0
     assert fast > slow
     smoke = host_faults.steps_for(host_faults.SMOKE_PLAN, 1.0)

@@ -16,6 +16,7 @@ from weightstream.training.stragglers import (
     STRAGGLER_RATIO,
     STRAGGLER_STEPS,
     StragglerWatch,
+    host_named,
     slowest_worker,
 )
 
@@ -99,3 +100,8 @@ def test_the_step_record_names_the_worker_the_step_waited_for() -> None:
     line = record.to_dict()
     assert list(line)[-3:] == ["slowest_worker", "slowest_worker_ratio", "slowest_worker_lag_s"]
     assert line["slowest_worker"] == 2
+
+
+def test_a_straggler_is_named_by_its_host_name_else_its_address() -> None:
+    assert host_named("h2/6a7d-boot/4026532325/0", "198.18.0.12:4000") == "h2"  # its Health reply's
+    assert host_named("", "198.18.0.12:4000") == "198.18.0.12"  # it did not answer

@@ -22,7 +22,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from weightstream.backends.base import BackendError, RoleSpec, ready_file, role_command, wait_ready_files
@@ -39,7 +38,7 @@ from weightstream.backends.slurm.placement import (
     place,
     replacement,
 )
-from weightstream.backends.slurm.reach import answers
+from weightstream.backends.slurm.reach import end_sruns
 from weightstream.backends.slurm.shared_dir import check_shared_dir
 
 __all__ = ["SlurmBackend"]
@@ -285,7 +284,14 @@ class SlurmBackend:
         steps = slurm.job_steps(self.job_id, self.environ)
         live = {r: steps[self._steps[r]] for r in roles if self._steps.get(r) in steps}
         slurm.cancel(list(live.values()), "KILL", self.environ)
-        unreachable = self._end_sruns(roles, live)
+        with self._lock:
+            olds = {r: p for r in roles if (p := self.procs.get(r)) is not None}
+        stuck = end_sruns(olds, {r: self._address(r) for r in olds}, RESTART_GRACE_S)
+        for role, old in olds.items():
+            close_lifeline(old)
+            if role in stuck and role in live:  # cancelled again until gone: the node may come back
+                self._orphans.add(live[role], self.nodes[role].name)
+        unreachable = {self.nodes[r].name for r in stuck}
         self._unreachable |= unreachable
         serving = self._serving_nodes()
         nodes = [n for n in self._spare if n.name in serving]
@@ -304,37 +310,12 @@ class SlurmBackend:
             if not self._spawn(role, chosen[role.name]):
                 return
 
-    def _end_sruns(self, roles: list[RoleSpec], live: dict[RoleSpec, str]) -> set[str]:
-        """Wait for the sruns of ``roles`` to end once their steps (``live``: role -> step id) are cancelled,
-        ``RESTART_GRACE_S`` at most for all of them, and not at all for a role whose node does not answer
-        at its address (``reach``); kill those that do not end, and hand their steps to ``orphans``.
-        Returns the nodes of those: nodes that do not answer."""
-        with self._lock:
-            olds = {r: p for r in roles if (p := self.procs.get(r)) is not None}
-        with ThreadPoolExecutor(max(1, len(olds))) as pool:
-            silent = {r for r, ok in zip(olds, pool.map(self._answers, olds), strict=True) if not ok}
-        deadline = time.monotonic() + RESTART_GRACE_S
-        unreachable: set[str] = set()
-        for role, old in olds.items():
-            try:
-                old.wait(timeout=0.0 if role in silent else max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                node = self.nodes[role].name
-                unreachable.add(node)
-                old.kill()
-                old.wait(timeout=5)
-                if role in live:
-                    self._orphans.add(live[role], node)
-            close_lifeline(old)
-        return unreachable
-
-    def _answers(self, role: RoleSpec) -> bool:
-        """Whether ``role``'s node answers at the address the role listened on (True when it never said)."""
+    def _address(self, role: RoleSpec) -> str | None:
+        """The address ``role``'s current process listened on (None: it never said)."""
         try:
-            address = json.loads(self._ready_file(role).read_text())["address"]
+            return str(json.loads(self._ready_file(role).read_text())["address"])
         except (OSError, ValueError, KeyError):
-            return True
-        return answers(address)
+            return None
 
     def _listed_steps(self) -> list[str]:
         assert self.job_id is not None
