@@ -9,6 +9,7 @@ fault-free steps (target <= 2.0), and whether the final checkpoint and every log
 
     python bench/chaos.py [--steps 200 --faults 20 --rpc-timeout 10 --snapshot-steps 10 --replicas 1
                            --standby 1] [--smoke]
+    python bench/chaos.py --hosts [--replicas 0|1] [--smoke]    (whole hosts on Slurm: bench/chaos_hosts.py)
 """
 
 from __future__ import annotations
@@ -432,6 +433,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    given = sys.argv[1:] if argv is None else argv
+    if "--hosts" in given:  # host faults on emulated Slurm hosts: a bench of its own
+        import chaos_hosts
+
+        hosts_result: dict[str, Any] = chaos_hosts.main([x for x in given if x != "--hosts"])
+        return hosts_result
     a = parse_args(argv)
     raw = params_dict(a)
     params = load_params({**raw, "runconfig": {**raw["runconfig"], "model_dir": "unused"}})

@@ -13,8 +13,10 @@ def recovery_line(e: dict[str, Any]) -> str | None:
     ``step 21  restart 1/50: worker-1 (pid 123) was killed by SIGKILL; ...`` (``step``: the step that
     failed), ``step 21  retry: ...`` (every role alive: the step runs again once) and
     ``step 20  recovered in 0.4s (replaying 5 steps): replaced worker-1`` (``step``: the step every shard
-    holds now; what was done, where the service says) and ``step 21  workers 3 -> 2: no capacity to start
-    worker-1 again within 30s`` (the job trains with fewer workers, or again with more, from ``step`` on)."""
+    holds now; what was done, where the service says), ``step 21  workers 3 -> 2: no capacity to start
+    worker-1 again within 30s`` (the job trains with fewer workers, or again with more, from ``step`` on)
+    and ``step 30  straggler: worker-1 on h2 2.1x the other workers' median for 3 steps`` (a slow
+    worker)."""
     kind = e.get("kind")
     if kind == "restart":
         budget = f"{e.get('restarts', '?')}/{e.get('max_role_restarts', '?')}"
@@ -32,6 +34,13 @@ def recovery_line(e: dict[str, Any]) -> str | None:
         action = f": {e['action']}" if e.get("action") else ""
         return (
             f"step {e.get('step')}  recovered in {took_s} (replaying {n} step{'' if n == 1 else 's'}){action}"
+        )
+    if kind == "straggler":
+        ratio = e.get("ratio")
+        times = f"{ratio:.1f}x" if isinstance(ratio, int | float) else "?x"
+        return (
+            f"step {e.get('step')}  straggler: {e.get('worker')} on {e.get('host')} {times} the other "
+            f"workers' median for {e.get('steps')} steps"
         )
     return None
 

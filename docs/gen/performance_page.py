@@ -199,6 +199,32 @@ BENCHES: dict[str, Bench] = {
             ),
         ),
     ),
+    "chaos_hosts": Bench(
+        "Host faults on Slurm",
+        (
+            Figure(
+                "a host lost: time lost within SlurmdTimeout + 2 steps, every one",
+                _at("host_loss", "all_within_target"),
+                Target("==", True),
+            ),
+            Figure("a host lost: time lost, worst", _at("host_loss", "lost_s_max"), unit="s"),
+            Figure(
+                "a host lost: noticed (its first restart), worst",
+                _at("host_loss", "detection_s_max"),
+                unit="s",
+            ),
+            Figure("a 30 s partition: time lost, worst", _at("partition", "lost_s_max"), unit="s"),
+            Figure(
+                "a 30 s partition: old steps left once the link is back",
+                _at("partition", "old_steps_left_total"),
+                Target("==", 0),
+            ),
+            Figure("a link at 1/20: the straggler's ratio, median", _at("slow_link", "ratio_median")),
+            Figure(
+                "faulty run bitwise equal to the fault-free one", _at("bitwise_equal"), Target("==", True)
+            ),
+        ),
+    ),
     "rpc_costs": Bench(
         "A unit's control message on the role plane",
         (

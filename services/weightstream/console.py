@@ -37,6 +37,7 @@ from weightstream.training.events import (
     StartingEvent,
     StartingFromEvent,
     StepEvent,
+    StragglerEvent,
     WorkersEvent,
 )
 from weightstream.training.runner import JobFailed, JobRunner, job_log
@@ -139,6 +140,12 @@ def run_job(
                 action = f": {escape(e.action)}" if e.action else ""
                 progress.console.print(
                     f"step {e.step:>6}  recovered in {e.recovery_s:.1f}s{replay}{action}", soft_wrap=True
+                )
+            case StragglerEvent():
+                progress.console.print(
+                    f"step {e.step:>6}  [yellow]straggler:[/yellow] {e.worker} on {escape(e.host)} "
+                    f"{e.ratio:.1f}x the other workers' median for {e.steps} steps",
+                    soft_wrap=True,
                 )
 
     t0 = time.monotonic()

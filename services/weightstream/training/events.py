@@ -16,6 +16,7 @@ the job service stores as the event's data under its ``kind`` (a status event's 
   retry       step, reason
   recovered   step, replay_steps, recovery_s, generation, restarts, addresses, action
   workers     step, from_workers, to_workers, reason
+  straggler   step, worker, host, ratio, steps
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ __all__ = [
     "StartingFromEvent",
     "StatusEvent",
     "StepEvent",
+    "StragglerEvent",
     "WorkersEvent",
 ]
 
-EventKind = Literal["status", "step", "eval", "checkpoint", "restart", "retry", "recovered", "workers"]
+EventKind = Literal[
+    "status", "step", "eval", "checkpoint", "restart", "retry", "recovered", "workers", "straggler"
+]
 # how a role was lost: its process ended (killed, crashed, evicted), or it stopped answering (stopped,
 # partitioned, its host gone) and was killed
 FaultKind = Literal["died", "hung"]
@@ -205,3 +209,18 @@ class WorkersEvent(JobEvent):
     from_workers: int
     to_workers: int
     reason: str  # why, in words: the workers left out and for want of what, or those started again
+
+
+# -- stragglers --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StragglerEvent(JobEvent):
+    """Worker ``worker`` on ``host`` has held the steps back for ``steps`` steps running, up to step ``step``
+    (1-based): its time in each was at least ``training.stragglers.STRAGGLER_RATIO`` times the other
+    workers' median, ``ratio`` times in the last. Emitted once per such stretch."""
+
+    kind: ClassVar[EventKind] = "straggler"
+    step: int
+    worker: str  # e.g. "worker-1"
+    host: str  # the host it runs on, as it names itself
+    ratio: float
+    steps: int

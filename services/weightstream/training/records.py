@@ -6,8 +6,9 @@ the TensorBoard files from it. Everything in between reads attributes; a record 
 leaves the process, through ``to_dict``, whose keys and their order are the file's format:
 
   a logged step:   step, loss, learning_rate, grad_norm, step_time_s, worker_wait_s, worker_compute_s,
-                   update_s, worker_peak_rss_bytes, worker_wire_bytes, workers, tokens_per_second,
-                   local_samples_per_sec, avg_samples_per_sec
+                   update_s, worker_peak_rss_bytes, worker_wire_bytes, workers, slowest_worker,
+                   slowest_worker_ratio, slowest_worker_lag_s, tokens_per_second, local_samples_per_sec,
+                   avg_samples_per_sec
   an evaluation:   step, eval_loss
 
 The events a job emits (``training.events``) carry the same records.
@@ -42,6 +43,11 @@ class StepRecord:
     # the workers whose shards of the global batch made the step: runconfig.num_csx, fewer while the job
     # goes on without workers it could not replace (runconfig.min_num_csx)
     workers: int = 1
+    # the worker the step waited for (-1: fewer than two workers), its time over the others' median and
+    # how many seconds behind it was (``training.stragglers``): a slow host or link shows here step by step
+    slowest_worker: int = -1
+    slowest_worker_ratio: float = 1.0
+    slowest_worker_lag_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The step's fields of its ``metrics.jsonl`` line and its ``step`` event, in the file's order
@@ -58,6 +64,9 @@ class StepRecord:
             "worker_peak_rss_bytes": self.worker_peak_rss_bytes,
             "worker_wire_bytes": self.worker_wire_bytes,
             "workers": self.workers,
+            "slowest_worker": self.slowest_worker,
+            "slowest_worker_ratio": self.slowest_worker_ratio,
+            "slowest_worker_lag_s": self.slowest_worker_lag_s,
         }
 
 

@@ -52,6 +52,7 @@ from weightstream.training.recovery import Recovery, RestartBudget
 from weightstream.training.roles import RolePlane
 from weightstream.training.run_state import PostStep, RunState
 from weightstream.training.stepping import StepDriver
+from weightstream.training.stragglers import StragglerWatch, straggler_event
 from weightstream.transport.auth import new_role_token
 
 __all__ = ["JobCancelled", "JobFailed", "JobRunner", "RunSummary", "job_log"]
@@ -117,6 +118,7 @@ class JobRunner:
         self._cancelled = threading.Event()
         self.log = log.getChild(job_id)  # one logger per job: a service runs several at once
         self.budget = RestartBudget(self.rc.max_role_restarts)
+        self.stragglers = StragglerWatch()
 
     def cancel(self) -> None:
         """Stop the job from another thread: its roles are stopped at once, ``run`` raises JobCancelled."""
@@ -315,6 +317,8 @@ class JobRunner:
             )
         self.steps.committed()
         self.state.post = self._after(done)
+        if (slot := self.stragglers.observe_record(record)) is not None:
+            self.on_event(straggler_event(self.roles, record, slot, self.stragglers.run, self.log))
 
     def _replay(self, record: StepRecord) -> None:
         self.budget.step_completed()

@@ -39,6 +39,7 @@ from weightstream.proto import weightstream_pb2 as pb
 from weightstream.training.divergence import check_finite
 from weightstream.training.records import StepRecord
 from weightstream.training.roles import RolePlane
+from weightstream.training.stragglers import slowest_worker
 
 __all__ = ["StepDriver"]
 
@@ -100,6 +101,7 @@ class StepDriver:
         loss = sum(r.loss for r in replies)
         check_finite(step + 1, loss=loss, gradient_norm=norm)  # before ApplyUpdate: weights stay finite
         lr = self.opt.learning_rate(step)
+        slowest, ratio, lag = slowest_worker([r.compute_s + r.wait_s for r in replies])
         record = StepRecord(
             step=step + 1,
             loss=loss,
@@ -113,6 +115,9 @@ class StepDriver:
             worker_peak_rss_bytes=max(r.peak_rss_bytes for r in replies),
             worker_wire_bytes=sum(r.wire_bytes for r in replies),
             workers=len(replies),
+            slowest_worker=slowest,
+            slowest_worker_ratio=ratio,
+            slowest_worker_lag_s=lag,
         )
         self._applying = record
         # only the shards take part from here: a worker lost now is replaced before the next step

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from weightstream.backends.slurm.commands import granted_job, parse_nodes
-from weightstream.backends.slurm.placement import Node, NodeRule, PlacementError, PlacementRules, place
-from weightstream.plan import REPLICA
+from weightstream.backends.slurm.commands import describe_srun_exit, granted_job, parse_nodes
+from weightstream.backends.slurm.placement import (
+    Node,
+    NodeRule,
+    PlacementError,
+    PlacementRules,
+    place,
+    replacement,
+)
 
 GPT2_2CSX = {"memoryx": 2, "swarmx": 1, "activation": 1, "worker": 2}
 
@@ -93,17 +99,78 @@ def test_sinfo_output_is_read_with_every_partition_of_a_node() -> None:
     assert states[1].node == Node("h2", "198.18.0.12", frozenset({"all"}), frozenset({"big", "ssd"}), 8)
 
 
+def test_a_roles_end_as_its_srun_tells_it() -> None:
+    assert describe_srun_exit(137) == "was killed by SIGKILL"
+    assert describe_srun_exit(143) == "stopped on SIGTERM (exit status 143)"
+    assert describe_srun_exit(0) == "exited with status 0"
+    # srun exits 0 when Slurm declares the node under its task down: what it wrote says so
+    said = "srun: error: Node failure on h3\n"
+    assert describe_srun_exit(0, said) == "was lost with its node (Slurm declared h3 down: node failure)"
+
+
 def test_the_job_id_salloc_names() -> None:
     assert granted_job("salloc: Granted job allocation 12\n") == "12"
     assert granted_job("salloc: Pending job allocation 7\nsalloc: error: timed out\n") == "7"
     assert granted_job("salloc: error: invalid partition specified: x\n") is None
 
 
-def test_a_replica_goes_on_another_node_than_its_shard_where_there_is_one() -> None:
-    counts = {**GPT2_2CSX, REPLICA: 2}
-    placed = by_role(counts, nodes("h1", "h2", "h3", "h4", "h5"))
-    for i in range(2):
-        assert placed[f"{REPLICA}-{i}"] != placed[f"memoryx-{i}"]
-    assert placed[f"{REPLICA}-0"] not in (placed["worker-0"], placed["worker-1"])  # servers' nodes first
-    one = by_role({"memoryx": 1, REPLICA: 1}, nodes("h1"))
-    assert one == {"memoryx-0": "h1", f"{REPLICA}-0": "h1"}  # no other node: beside it rather than not at all
+REPLICATED = {**GPT2_2CSX, "memoryx-replica": 2}
+
+
+def test_replicas_go_apart_from_their_shards_and_from_the_workers() -> None:
+    placed = by_role(REPLICATED, nodes(*(f"h{i}" for i in range(1, 9))))
+    assert placed["memoryx-replica-0"] == "h6" and placed["memoryx-replica-1"] == "h7"  # free nodes first
+    placed = by_role(REPLICATED, nodes("h1", "h2", "h3", "h4"))
+    assert (placed["memoryx-0"], placed["memoryx-1"]) == ("h3", "h4")
+    assert (placed["memoryx-replica-0"], placed["memoryx-replica-1"]) == ("h4", "h3")  # not the workers'
+    placed = by_role({"worker": 1, "memoryx": 1, "memoryx-replica": 1}, nodes("h1"))
+    assert placed["memoryx-replica-0"] == "h1"  # one node: with its shard, the only place there is
+
+
+def replace_on(
+    lost: list[str],
+    counts: dict[str, int],
+    names: list[str],
+    serving: list[str],
+    avoid: frozenset[str] = frozenset(),
+) -> dict[str, str]:
+    """Where ``lost`` go after a fault of a job placed on ``names``, ``serving`` the nodes that serve now."""
+    given = nodes(*names)
+    placed = place(counts, given).nodes
+    now = [n for n in given if n.name in serving]
+    return {role: node.name for role, node in replacement(lost, placed, now, avoid).items()}
+
+
+EIGHT = [f"h{i}" for i in range(1, 9)]
+
+
+def test_a_role_whose_process_died_goes_back_to_its_node() -> None:
+    assert replace_on(["worker-1", "memoryx-0"], REPLICATED, EIGHT, EIGHT) == {
+        "worker-1": "h2",
+        "memoryx-0": "h3",
+    }
+
+
+def test_a_lost_nodes_roles_go_to_free_nodes_keeping_the_shape() -> None:
+    # h1 (worker-0, activation-0) is gone: the worker moves to the free node, its activation server with it
+    serving = [n for n in EIGHT if n != "h1"]
+    assert replace_on(["worker-0", "activation-0"], REPLICATED, EIGHT, serving) == {
+        "worker-0": "h8", "activation-0": "h8"}  # fmt: skip
+    # a shard's host gone (h3): not onto its replica's node (h6), nor a worker's
+    serving = [n for n in EIGHT if n not in ("h3", "h8")]
+    moved = replace_on(["memoryx-0"], REPLICATED, EIGHT, serving)["memoryx-0"]
+    assert moved not in ("h3", "h6", "h1", "h2")
+
+
+def test_a_node_that_did_not_answer_is_avoided_before_slurm_marks_it() -> None:
+    # Slurm still lists h2 as serving, but its step did not end when cancelled: the worker goes elsewhere
+    moved = replace_on(["worker-1"], GPT2_2CSX, EIGHT, EIGHT, avoid=frozenset({"h2"}))
+    assert moved == {"worker-1": "h6"}  # a node with no role at all: h3-h5 hold the servers
+    four = ["h1", "h2", "h3", "h4"]
+    moved = replace_on(["worker-1"], GPT2_2CSX, four, four, avoid=frozenset({"h2"}))
+    assert moved["worker-1"] in ("h3", "h4")  # never beside the other worker while a node has none
+
+
+def test_no_node_left_says_which_were_avoided() -> None:
+    with pytest.raises(PlacementError, match=r"no node left for worker-1: .*avoided \(h1, h2\)"):
+        replace_on(["worker-1"], {"worker": 2}, ["h1", "h2"], ["h1", "h2"], avoid=frozenset({"h1", "h2"}))

@@ -106,8 +106,9 @@ def test_a_runners_events_are_stored_as_the_apis_send_them(tmp_path: Path) -> No
             "step",
             '{"step": 1, "loss": null, "learning_rate": 0.0, "grad_norm": 0.5, "step_time_s": 0.25, '
             '"worker_wait_s": 0.0, "worker_compute_s": 0.125, "update_s": 0.0625, '
-            '"worker_peak_rss_bytes": 1024, "worker_wire_bytes": 2048, "workers": 1, '
-            '"tokens_per_second": 64.0, "max_steps": 4}',
+            '"worker_peak_rss_bytes": 1024, "worker_wire_bytes": 2048, "workers": 1, "slowest_worker": -1, '
+            '"slowest_worker_ratio": 1.0, "slowest_worker_lag_s": 0.0, "tokens_per_second": 64.0, '
+            '"max_steps": 4}',
         ),
         (
             "restart",

@@ -23,6 +23,7 @@ from weightstream.training.events import (
     StartingFromEvent,
     StatusEvent,
     StepEvent,
+    StragglerEvent,
     WorkersEvent,
 )
 from weightstream.training.metrics_writer import MetricsWriter
@@ -40,6 +41,10 @@ RECORD = StepRecord(
     update_s=0.0033972290002566297,
     worker_peak_rss_bytes=218869760,
     worker_wire_bytes=252672,
+    workers=2,
+    slowest_worker=1,
+    slowest_worker_ratio=1.0433873590311127,
+    slowest_worker_lag_s=0.0004779150034300983,
 )
 RATES = SampleRates(local_samples_per_sec=8.151412536771526, avg_samples_per_sec=8.151412536771526)
 TOKENS_PER_SECOND = 130.46094208818167
@@ -48,7 +53,8 @@ STEP_LINE = (
     '{"step": 2, "loss": 4.167198294773698, "learning_rate": 0.001, "grad_norm": 0.9565651755112154, '
     '"step_time_s": 0.051502461999916704, "worker_wait_s": 1.1135766849984066, '
     '"worker_compute_s": 0.011468573004094651, "update_s": 0.0033972290002566297, '
-    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, "workers": 1, '
+    '"worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, "workers": 2, "slowest_worker": 1, '
+    '"slowest_worker_ratio": 1.0433873590311127, "slowest_worker_lag_s": 0.0004779150034300983, '
     '"tokens_per_second": 130.46094208818167, "local_samples_per_sec": 8.151412536771526, '
     '"avg_samples_per_sec": 8.151412536771526}'
 )
@@ -83,7 +89,9 @@ EVENTS: list[tuple[JobEvent, str]] = [
         '"grad_norm": 0.9565651755112154, "step_time_s": 0.051502461999916704, '
         '"worker_wait_s": 1.1135766849984066, "worker_compute_s": 0.011468573004094651, '
         '"update_s": 0.0033972290002566297, "worker_peak_rss_bytes": 218869760, "worker_wire_bytes": 252672, '
-        '"workers": 1, "tokens_per_second": 130.46094208818167, "max_steps": 6}',
+        '"workers": 2, "slowest_worker": 1, "slowest_worker_ratio": 1.0433873590311127, '
+        '"slowest_worker_lag_s": 0.0004779150034300983, "tokens_per_second": 130.46094208818167, '
+        '"max_steps": 6}',
     ),
     (
         EvalEvent(step=3, eval_loss=4.158126917667687),
@@ -127,6 +135,11 @@ EVENTS: list[tuple[JobEvent, str]] = [
         ),
         '{"event": "workers", "step": 6, "from_workers": 3, "to_workers": 2, '
         '"reason": "no capacity to start worker-1 again within 2s"}',
+    ),
+    (
+        StragglerEvent(step=12, worker="worker-1", host="h2", ratio=4.212046384811401, steps=3),
+        '{"event": "straggler", "step": 12, "worker": "worker-1", "host": "h2", "ratio": 4.212046384811401, '
+        '"steps": 3}',
     ),
 ]
 

@@ -2,7 +2,9 @@
 
 ``placement`` decides which node serves which role (a pure function); ``commands`` is the only module of
 weightstream that runs Slurm's commands (an import-linter contract keeps it so: nothing else imports
-it but ``backend``); ``backend`` drives a job's roles through them.
+it but ``backend``); ``backend`` drives a job's roles through them. After a fault, ``reach`` tells a
+role lost on a live node from a node that is gone, ``placement.replacement`` places the lost roles again,
+and ``orphans`` ends the steps a node out of reach kept; ``shared_dir`` checks ``model_dir`` first.
 """
 
 from weightstream.backends.slurm.placement import (

@@ -27,13 +27,25 @@ from pathlib import Path
 from weightstream.backends.base import BackendError, RoleSpec, ready_file, role_command, wait_ready_files
 from weightstream.backends.environment import role_env, without_secrets
 from weightstream.backends.slurm import commands as slurm
-from weightstream.backends.slurm.capacity import no_room_for_worker, refuse_unplaced
-from weightstream.backends.slurm.placement import Node, NodeRule, Placement, PlacementRules, place
+from weightstream.backends.slurm.capacity import nodes_for, refuse_unplaced
+from weightstream.backends.slurm.commands import close_lifeline, describe_srun_exit
+from weightstream.backends.slurm.orphans import OrphanSteps
+from weightstream.backends.slurm.placement import (
+    Node,
+    Placement,
+    PlacementError,
+    PlacementRules,
+    place,
+)
+from weightstream.backends.slurm.reach import end_sruns
+from weightstream.backends.slurm.shared_dir import check_shared_dir
 
 __all__ = ["SlurmBackend"]
 
 ALLOCATE_WAIT_S = 60  # seconds a new allocation may wait in the queue before the job fails
-PROBE_TIMEOUT_S = 60.0
+# seconds a replaced role's step may take to end once cancelled, its node answering: Slurm ends it, and its
+# srun, within about a second (3 s: a loaded node); one that does not is on a node Slurm cannot reach
+RESTART_GRACE_S = 3.0
 
 
 class SlurmBackend:
@@ -66,24 +78,16 @@ class SlurmBackend:
         self._stopping = False
         self._lock = threading.Lock()
         self._tag = secrets.token_hex(4)  # names this run's steps among others of the same allocation
+        self._starts = 0  # role starts so far: each step's name ends with its start's number
+        self._steps: dict[RoleSpec, str] = {}  # each role's current step, by name
+        self._log_from: dict[RoleSpec, int] = {}  # where each role's current step's output starts in its log
+        self._rules = self.rules  # with the partition filled in, once placed (``_plan``)
+        self._unreachable: set[str] = set()  # nodes that did not answer when their roles were ended
+        self._orphans = OrphanSteps(self._listed_steps, self._job_nodes, self._kill_steps)
 
     # -- where -------------------------------------------------------------------------------------------
     def _where(self) -> str:
         return f" (Slurm job {self.job_id})" if self.job_id else ""
-
-    def _effective_rules(self, default_partition: str | None, job_partition: str | None) -> PlacementRules:
-        """The rules with their partition filled in: the allocation's, or the cluster's default."""
-        base = job_partition or default_partition
-
-        def fill(rule: NodeRule) -> NodeRule:
-            if job_partition and rule.partition and rule.partition != job_partition:
-                raise BackendError(
-                    f"placement asks for partition {rule.partition}, but the allocation "
-                    f"{self.given_job} is in partition {job_partition}"
-                )
-            return NodeRule(rule.partition or base, rule.features)
-
-        return PlacementRules(fill(self.rules.workers), fill(self.rules.servers))
 
     def _plan(self, roles: list[RoleSpec]) -> tuple[Placement, str | None]:
         """Where each role runs, and the partition a new allocation asks for (None inside one)."""
@@ -106,13 +110,12 @@ class SlurmBackend:
             if live is None or live[0] != "RUNNING":
                 raise BackendError(f"SLURM_JOB_ID={self.given_job} names no running Slurm job")
             names = slurm.job_nodes(self.given_job, self.environ)
-            candidates = [known[n].node for n in names if n in known]
-            rules = self._effective_rules(default, live[1])
+            candidates, partition = [known[n].node for n in names if n in known], live[1]
             self.job_id = self.given_job
         else:
-            rules = self._effective_rules(default, None)
-            candidates = [s.node for s in states if s.idle]
+            candidates, partition = [s.node for s in states if s.idle], None
         try:
+            rules = self.rules.in_partition(default, partition, self.given_job)
             placement = place(counts, candidates, rules)
         except ValueError as e:
             scope = f"allocation {self.given_job}" if self.given_job else "idle nodes"
@@ -124,7 +127,7 @@ class SlurmBackend:
                 "one Slurm job spans one partition; give both the same partition, or tell them apart by "
                 "node features"
             )
-        self._spare = candidates
+        self._spare, self._rules = candidates, rules
         return placement, None if self.given_job else rules.workers.partition
 
     # -- the Backend protocol ------------------------------------------------------------------------------
@@ -156,39 +159,12 @@ class SlurmBackend:
                 return
 
     def _probe(self, nodes: list[str]) -> None:
-        """Every node writes a file into ``run_dir`` and this process reads it back: ``model_dir`` is on a
-        filesystem they all share, or the job fails here, before any role starts."""
+        """``model_dir`` is on a filesystem every one of ``nodes`` shares, or the job fails here, before any
+        role starts (``shared_dir``)."""
         assert self.job_id is not None
         tag = secrets.token_hex(4)
         argv = slurm.probe_command(self.job_id, nodes, str(self.run_dir.resolve()), tag)
-        done: subprocess.CompletedProcess[str] | None = None
-        try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=self.environ, check=False
-            )
-            said = " ".join(done.stderr.split())
-        except subprocess.TimeoutExpired:
-            said = f"no answer within {PROBE_TIMEOUT_S:.0f} s"
-        blind = []
-        for node in nodes:
-            probe = self.run_dir / f".probe-{tag}-{node}"
-            try:
-                seen = probe.read_text()
-                probe.unlink()
-            except OSError:
-                seen = ""
-            if seen != node:
-                blind.append(node)
-        if blind and (done is None or done.returncode != 0):
-            raise BackendError(
-                f"node {', '.join(blind)} did not run the check that it can write to {self.run_dir}"
-                f"{self._where()}: {said}"
-            )
-        if blind:
-            raise BackendError(
-                f"model_dir must be on a filesystem every node shares: node {', '.join(blind)} wrote to "
-                f"{self.run_dir}, and this machine does not see what it wrote{self._where()}"
-            )
+        check_shared_dir(argv, self.run_dir, nodes, tag, self.environ, self._where())
 
     def _write_placement(self, placement: Placement) -> None:
         record = {"slurm_job": self.job_id, "roles": {r: n.name for r, n in placement.nodes.items()}}
@@ -198,7 +174,10 @@ class SlurmBackend:
         return ready_file(self.run_dir, role)
 
     def _step_name(self, role: RoleSpec) -> str:
-        return f"{self.job_name}.{self._tag}.{role.name}"
+        """A new name for each start of ``role``: a replaced role's step may still be listed (its node out
+        of reach) beside its replacement's, and each must be told apart."""
+        self._starts += 1
+        return f"{self.job_name}.{self._tag}.{role.name}.{self._starts}"
 
     def _env(self, role: RoleSpec, node: Node) -> dict[str, str]:
         """What srun propagates to the role: this process's environment less its secrets, and the role's
@@ -215,10 +194,12 @@ class SlurmBackend:
         log = self.run_dir / f"{role.name}.log"
         # srun forwards this process's pipe as the role's standard input: the role ends when it closes
         cmd = role_command(role, node.address, self._ready_file(role).resolve(), "--until-stdin-closes")
-        argv = slurm.srun_command(self.job_id, node.name, self._step_name(role), str(log.resolve()), cmd)
         with self._lock, open(log, "ab") as srun_log:
             if self._stopping:
                 return False
+            self._steps[role] = step = self._step_name(role)
+            self._log_from[role] = srun_log.tell()  # appended to: the predecessor's words come first
+            argv = slurm.srun_command(self.job_id, node.name, step, str(log.resolve()), cmd)
             self.nodes[role] = node
             proc = subprocess.Popen(
                 argv,
@@ -260,8 +241,18 @@ class SlurmBackend:
             if rc is not None:
                 log = self.run_dir / f"{role.name}.log"
                 where = self.nodes[role].name
-                out[role] = f"{role.name} on node {where} {slurm.describe_srun_exit(rc)}; its log: {log}"
+                said = self._said_since_start(role, log) if rc == 0 else ""
+                out[role] = f"{role.name} on node {where} {describe_srun_exit(rc, said)}; its log: {log}"
         return out
+
+    def _said_since_start(self, role: RoleSpec, log: Path) -> str:
+        """What ``role``'s log holds since its current step started: its srun's last words among them."""
+        try:
+            with open(log, "rb") as f:
+                f.seek(self._log_from.get(role, 0))
+                return f.read()[-4096:].decode(errors="replace")
+        except OSError:
+            return ""
 
     def failures(self) -> list[str]:
         return list(self.dead().values())
@@ -271,36 +262,39 @@ class SlurmBackend:
         step; a spare step would hold CPUs and memory of the allocation's nodes the whole job long."""
 
     def restart(self, roles: list[RoleSpec]) -> None:
-        """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung), wait for its srun,
-        and start it again: on its node while that node serves, else on the allocation's node with the
-        fewest roles; a worker no node can take is not started (``capacity.refuse_unplaced``)."""
+        """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung) and start it again: on
+        its node while that node serves, else where ``placement.replacement`` says. A role whose node does
+        not answer at its address (``reach``), or whose step has not ended ``RESTART_GRACE_S`` after its
+        cancel, is on a node that is dead or cut off, which Slurm may not have seen yet: its srun is killed
+        here rather than waited for, the node is used for no replacement from then on, and the step is
+        cancelled again until it is gone (``orphans``)."""
         assert self.job_id is not None
         steps = slurm.job_steps(self.job_id, self.environ)
-        live = [steps[self._step_name(r)] for r in roles if self._step_name(r) in steps]
-        slurm.cancel(live, "KILL", self.environ)
-        for role in roles:
-            with self._lock:
-                old = self.procs.get(role)
-            if old is not None:
-                try:
-                    old.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    old.kill()
-                    old.wait(timeout=5)
-                slurm.close_lifeline(old)
+        live = {r: steps[self._steps[r]] for r in roles if self._steps.get(r) in steps}
+        slurm.cancel(list(live.values()), "KILL", self.environ)
+        with self._lock:
+            olds = {r: p for r in roles if (p := self.procs.get(r)) is not None}
+        stuck = end_sruns(olds, {r: self._address(r) for r in olds}, RESTART_GRACE_S)
+        for role, old in olds.items():
+            close_lifeline(old)
+            if role in stuck and role in live:  # cancelled again until gone: the node may come back
+                self._orphans.add(live[role], self.nodes[role].name)
+        unreachable = {self.nodes[r].name for r in stuck}
+        self._unreachable |= unreachable
         serving = self._serving_nodes()
-        unplaced = []
+        nodes = [n for n in self._spare if n.name in serving]
+        with self._lock:
+            running = {r.name: n for r, n in self.nodes.items() if r in self.procs and r not in roles}
+        placed = {r.name: n for r, n in self.nodes.items()}
+        try:
+            chosen, unplaced = nodes_for(
+                roles, placed, nodes, (self._unreachable, unreachable), self._rules, running
+            )
+        except PlacementError as e:
+            names = ", ".join(r.name for r in roles)
+            raise BackendError(f"no node of the job can take {names}: {e}{self._where()}") from e
         for role in roles:
-            node = self.nodes[role]
-            if node.name not in serving:
-                node = min(
-                    (n for n in self._spare if n.name in serving),
-                    key=lambda n: sum(1 for m in self.nodes.values() if m.name == n.name),
-                    default=node,
-                )
-            if no_room_for_worker(role, node, serving):
-                unplaced.append(role)
-            elif not self._spawn(role, node):
+            if role not in unplaced and not self._spawn(role, chosen[role.name]):
                 return
         refuse_unplaced(unplaced, self.job_id)
 
@@ -310,13 +304,33 @@ class SlurmBackend:
         with self._lock:
             gone = [self.procs.pop(r) for r in roles if r in self.procs]
         steps = slurm.job_steps(self.job_id, self.environ)
-        slurm.cancel([steps[n] for r in roles if (n := self._step_name(r)) in steps], "KILL", self.environ)
+        slurm.cancel(
+            [steps[n] for r in roles if (n := self._steps.get(r, "")) in steps], "KILL", self.environ
+        )
         for srun in gone:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 srun.wait(timeout=30)
             srun.kill()  # were it still there (a no-op once it has ended)
             srun.wait(timeout=5)
-            slurm.close_lifeline(srun)
+            close_lifeline(srun)
+
+    def _address(self, role: RoleSpec) -> str | None:
+        """The address ``role``'s current process listened on (None: it never said)."""
+        try:
+            return str(json.loads(self._ready_file(role).read_text())["address"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _listed_steps(self) -> list[str]:
+        assert self.job_id is not None
+        return list(slurm.job_steps(self.job_id, self.environ).values())
+
+    def _job_nodes(self) -> list[str]:
+        assert self.job_id is not None
+        return slurm.job_nodes(self.job_id, self.environ)
+
+    def _kill_steps(self, ids: list[str]) -> None:
+        slurm.cancel(ids, "KILL", self.environ)
 
     def _serving_nodes(self) -> set[str]:
         """The allocation's nodes that are up (neither down nor drained, and still in the job)."""
@@ -331,6 +345,7 @@ class SlurmBackend:
         with self._lock:
             self._stopping = True
             procs = list(self.procs.values())
+        self._orphans.close()  # every step of this run is cancelled below
         job = self.job_id
         if job is None:
             return
@@ -350,7 +365,7 @@ class SlurmBackend:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(timeout=5)
-                slurm.close_lifeline(p)
+                close_lifeline(p)
 
     def _release(self, job: str) -> None:
         """End the allocation this backend made, and wait until Slurm no longer lists it."""

@@ -272,9 +272,11 @@ def probe_command(job_id: str, nodes: Sequence[str], directory: str, tag: str) -
     ]
 
 
-def describe_srun_exit(rc: int) -> str:
+def describe_srun_exit(rc: int, said: str = "") -> str:
     """A role's end from its srun's exit status: srun exits as its task did, 128 + the signal that
-    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``)."""
+    killed it; a role told to stop by SIGTERM exits 143 in order (``role.serve_role``). ``said``: what srun
+    wrote meanwhile; srun exits 0 when Slurm declares the node down under the task ("srun: error: Node
+    failure on h3"), as a task that ended by itself would."""
     if rc > 128:
         try:
             name = signal.Signals(rc - 128).name
@@ -284,6 +286,9 @@ def describe_srun_exit(rc: int) -> str:
         return f"stopped on {name} (exit status {rc})" if stopped else f"was killed by {name}"
     if rc < 0:
         return f"(its srun) was killed by {signal.Signals(-rc).name}"
+    failed = re.search(r"srun: error: Node failure on (\S+)", said)
+    if rc == 0 and failed:
+        return f"was lost with its node (Slurm declared {failed[1]} down: node failure)"
     return f"exited with status {rc}"
 
 
