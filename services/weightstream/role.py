@@ -169,6 +169,17 @@ def _watch_stdin(stopped: threading.Event) -> None:
         stopped.set()
 
 
+def _warm(warm: Callable[[], None]) -> None:
+    """Run ``warm``; a failure there costs the first step the time it would have saved, nothing more."""
+    t0 = time.monotonic()
+    try:
+        warm()
+    except Exception:
+        log.warning("warming the kernels failed; the first step loads them instead", exc_info=True)
+        return
+    log.info("kernels warm in %.2fs", time.monotonic() - t0)
+
+
 def _exit_by(deadline_s: float) -> None:
     """End the process ``deadline_s`` from now if it is still running then (a daemon thread: it keeps
     running while the interpreter's exit waits for the other threads)."""
@@ -198,13 +209,15 @@ def serve_role(
     reconfigure: Reconfigure | None = None,
     exit_deadline_s: float = EXIT_DEADLINE_S,
     bulk_port: int | None = 0,
+    warm: Callable[[], None] | None = None,
 ) -> None:
     """Run a role until it is told to stop. ``port=0`` picks a free port (reported in the ready file);
     ``token`` is the job's role credential, required on every call but Health; ``lifeline``: stop when
     standard input closes (the coordinator holds it open while it lives); ``exit_deadline_s``: how
     long the process may take to exit once told to stop before it ends itself; ``bulk_port``: the port
     of its bulk transfers on ``host`` (transport/bulk.py; 0 picks a free one; None: none, every byte of
-    the network plane goes over gRPC)."""
+    the network plane goes over gRPC); ``warm``: called once in the background as soon as the role listens
+    (its kind's numba kernels: numerics/warm.py)."""
     role = RoleHost(kind, build, token, reconfigure, MemfdProbe(job_tag(token)))
     if bulk_port is not None:
         end = bulk.start(host, token, bulk_port)
@@ -231,6 +244,8 @@ def serve_role(
         ready = {"address": f"{host}:{bound}", "host": socket.gethostname(), "pid": os.getpid()}
         write_text_durably(ready_file, json.dumps(ready))
     log.info("%s listening on %s:%d", kind, host, bound)
+    if warm is not None:
+        threading.Thread(target=_warm, args=(warm,), name="warm", daemon=True).start()
     role.stopped.wait()
     if told:
         log.info("stopping on %s", signal.Signals(told[0]).name)

@@ -111,6 +111,7 @@ def _role_command(app: typer.Typer, kind: str, what: str) -> None:
             lifeline=until_stdin_closes,
             reconfigure=role.reconfigure,
             bulk_port=None if bulk_port < 0 else bulk_port,
+            warm=role.warm,
         )
 
     article = "an" if what[0].lower() in "aeiou" else "a"

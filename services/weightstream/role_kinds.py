@@ -15,7 +15,7 @@ only its own kind's code.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class RoleKind:
     build: Callable[[JobSpec], Any]  # the role's logic for a job
     add_servicer: Callable[[RoleHost, grpc.Server], None]  # its service, by the generated add_*_to_server
     reconfigure: Reconfigure | None = None  # keep its state across a new configuration; None: build anew
+    # its numba kernels, called once as the process starts (numerics/warm.py); None: it has none
+    warm: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,9 @@ def _keeping_state(service: StatefulRoleService[L]) -> RoleKind:
 
 def _memoryx() -> RoleKind:
     from weightstream.memoryx import service
+    from weightstream.numerics.warm import warm_update_kernels
 
-    return _keeping_state(service)
+    return replace(_keeping_state(service), warm=warm_update_kernels)
 
 
 def _swarmx() -> RoleKind:
@@ -90,9 +93,10 @@ def _swarmx() -> RoleKind:
 
 
 def _worker() -> RoleKind:
+    from weightstream.numerics.warm import warm_layer_kernels
     from weightstream.worker import service
 
-    return _serving(service)
+    return replace(_serving(service), warm=warm_layer_kernels)
 
 
 def _activation() -> RoleKind:

@@ -50,7 +50,11 @@ EXIT_GRACE_S = 2.0  # how long a role that does not answer may take to be seen d
 # status codes of a failed call that a retry may cure; any other (INVALID_ARGUMENT, PERMISSION_DENIED, ...)
 # says the request itself is wrong, and the same request would fail again
 _TRANSIENT = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED")
-_BACKOFF_WINDOW_S = 300.0  # restarts of one role within this long count towards its backoff
+# restarts of one role within this long count towards its backoff, unless the job has completed
+# _PROVEN_STEPS steps since: a replacement that trained that long was sound, and a later fault of the same
+# role is a new one (a loop of faults is what the backoff slows, and one with fewer steps between is one)
+_BACKOFF_WINDOW_S = 300.0
+_PROVEN_STEPS = 10
 _BACKOFF_BASE_S, _BACKOFF_MAX_S = 0.5, 30.0
 
 
@@ -80,7 +84,9 @@ class RestartBudget:
         self.history: list[Fault] = []
         self.restarts = 0
         self.by_kind: dict[str, int] = defaultdict(int)
-        self._recent: dict[RoleSpec, list[float]] = defaultdict(list)  # monotonic times of restarts
+        # each role's restarts: (monotonic time, steps completed before it)
+        self._recent: dict[RoleSpec, list[tuple[float, int]]] = defaultdict(list)
+        self._steps = 0  # steps completed in this run
         self._since_step: set[RoleSpec] = set()  # replaced, and no step has completed since
         self._retried_step: int | None = None  # a step re-run after a failure with no role lost
 
@@ -120,10 +126,14 @@ class RestartBudget:
             )
         backoff = 0.0
         for role in lost:
-            recent = [t for t in self._recent[role] if now - t < _BACKOFF_WINDOW_S]
+            recent = [
+                (t, s)
+                for t, s in self._recent[role]
+                if now - t < _BACKOFF_WINDOW_S and self._steps - s < _PROVEN_STEPS
+            ]
             if recent:  # replaced before, lately: wait 0.5 s, 1 s, 2 s, ... (at most 30 s)
                 backoff = max(backoff, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** (len(recent) - 1)))
-            self._recent[role] = [*recent, now]
+            self._recent[role] = [*recent, (now, self._steps)]
             self.by_kind[role.kind] += 1
         self.restarts += len(lost)
         self._since_step |= set(lost)
@@ -131,6 +141,7 @@ class RestartBudget:
 
     def step_completed(self) -> None:
         """A step has completed: every replacement so far has proven itself."""
+        self._steps += 1
         self._since_step.clear()
         self._retried_step = None
 
@@ -339,10 +350,14 @@ class Recovery:
         point if it is of that step, else from a recovery snapshot taken now (the shards write it; it is the
         newest recovery point from then on)."""
         at, path = point
+        t0 = time.monotonic()
         if path is None or at != step:
             path = self.snapshot(step)
+        t1 = time.monotonic()
         for i in sorted(shards):
             self.roles.configure_replica(i, str(path))
+        self.log.info("replicas rebuilt from step %d: snapshot %.2fs, loading %.2fs", step, t1 - t0,
+                      time.monotonic() - t1)  # fmt: skip
 
     def _configure(
         self,

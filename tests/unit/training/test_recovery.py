@@ -62,6 +62,19 @@ def test_repeated_replacements_of_one_role_back_off() -> None:
     assert budget.admit({W1: f"worker-1 {KILLED}"}, 7, None) == 0.0  # per role
 
 
+def test_a_replacement_that_trained_ten_steps_has_proven_itself_and_a_new_fault_waits_not() -> None:
+    budget = RestartBudget(max_restarts=50)
+    assert budget.admit({W0: f"worker-0 {KILLED}"}, 3, None) == 0.0
+    for _ in range(9):
+        budget.step_completed()
+    assert budget.admit({W0: f"worker-0 {KILLED}"}, 12, None) == 0.5  # 9 steps: still a loop
+    for _ in range(10):
+        budget.step_completed()
+    assert budget.admit({W0: f"worker-0 {KILLED}"}, 22, None) == 0.0  # 10 steps on: a new fault
+    budget.step_completed()
+    assert budget.admit({W0: f"worker-0 {KILLED}"}, 23, None) == 0.5  # and its own loop backs off again
+
+
 def test_a_failure_with_every_role_alive_is_retried_once_if_transient_and_never_otherwise() -> None:
     budget = RestartBudget(max_restarts=50)
     slow = TimeoutError("workers did not answer within 8s")
