@@ -254,6 +254,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(a, key, value)
     a.workers, a.shards, a.faults = 2, 2, len(SMOKE_PLAN if a.smoke else PLAN)
     a.checkpoint_steps = 0  # one checkpoint, the last: the one both runs are compared by
+    a.standby = 0  # runconfig.standby_roles: the Slurm backend keeps no spare steps
     return a
 
 

@@ -11,6 +11,14 @@ import pytest
 from tests.bench_module import load_bench
 
 host_faults = load_bench("host_faults")
+chaos_hosts = load_bench("chaos_hosts")
+chaos = load_bench("chaos")
+
+
+@pytest.mark.parametrize("argv", [[], ["--smoke"], ["--replicas", "0"]])
+def test_its_arguments_make_the_chaos_jobs_params(argv: list[str]) -> None:
+    raw = chaos.params_dict(chaos_hosts.parse_args(argv))
+    assert raw["runconfig"]["num_csx"] == 2 and raw["runconfig"]["standby_roles"] == 0
 
 
 def test_a_fault_costs_its_span_over_the_normal_step() -> None:
