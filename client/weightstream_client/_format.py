@@ -85,7 +85,8 @@ def job_row(job: Mapping[str, Any], now: float) -> list[str]:
 
 def faults_text(faults: Mapping[str, Any], num_csx: int) -> str:
     """A job's fault recovery (the service's ``faults``) as lines under its row: the roles replaced, by
-    kind, and the workers it trains with when fewer than it asked for, with why."""
+    kind, the workers it trains with when fewer than it asked for, with why, and the newest straggler
+    warning, if any."""
     restarts = faults.get("restarts") or {}
     by_kind = ", ".join(f"{cell(k)} {n}" for k, n in sorted(restarts.items()))
     lines = [f"RESTARTS   {sum(restarts.values())}" + (f" ({by_kind})" if by_kind else "")]
@@ -94,6 +95,8 @@ def faults_text(faults: Mapping[str, Any], num_csx: int) -> str:
     if faults.get("last_workers_change"):
         line += f"   (last change: {cell(faults['last_workers_change'])})"
     lines.append(line)
+    if faults.get("last_straggler"):
+        lines.append(f"STRAGGLER  {cell(faults['last_straggler'])}")
     return "".join(f"{x}\n" for x in lines)
 
 

@@ -44,3 +44,14 @@ def test_get_job_shows_restarts_by_kind_and_fewer_workers_with_why() -> None:
         "RESTARTS   3 (memoryx 1, worker 2)\nWORKERS    2 of 3   (last change: worker-1: no room)\n"
     )
     assert faults_text({"restarts": {}, "workers": 3}, 3) == "RESTARTS   0\nWORKERS    3 of 3\n"
+
+
+def test_get_job_shows_the_newest_straggler_warning() -> None:
+    slow = "step 30: worker-1 on h2, 4.3x the others for 3 steps"
+    faults = {"restarts": {}, "workers": 2, "last_straggler": slow}
+    assert faults_text(faults, 2) == f"RESTARTS   0\nWORKERS    2 of 2\nSTRAGGLER  {slow}\n"
+
+
+def test_a_straggler_event_reads_as_one_line() -> None:
+    e = {"kind": "straggler", "step": 30, "worker": "worker-1", "host": "h2", "ratio": 4.31, "steps": 3}
+    assert recovery_line(e) == "step 30  straggler: worker-1 on h2 4.3x the other workers' median for 3 steps"

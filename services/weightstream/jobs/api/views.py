@@ -85,16 +85,31 @@ class JobFaults(BaseModel):
         "capacity to start again (runconfig.min_num_csx)"
     )
     last_workers_change: str | None = Field(None, description="why the worker count last changed, if it did")
+    last_straggler: str | None = Field(
+        None,
+        description="the newest straggler warning, if any: the worker that held the steps back, its host, "
+        "how many times the other workers' median time, for how many steps, up to which step",
+    )
 
     @staticmethod
     def of(job: Job, store: JobStore) -> JobFaults:
         change = store.last_event(job.id, "workers")
         data = change["data"] if change else {}
+        slow = store.last_event(job.id, "straggler")
         return JobFaults(
             restarts=store.role_restarts(job.id),
             workers=int(data.get("to_workers", job.num_csx)),
             last_workers_change=data.get("reason"),
+            last_straggler=_straggler_text(slow["data"]) if slow else None,
         )
+
+
+def _straggler_text(e: dict[str, Any]) -> str:
+    """A straggler event's data in words: ``step 30: worker-1 on h2, 4.3x the others for 3 steps``."""
+    ratio = e.get("ratio")
+    times = f"{ratio:.1f}x" if isinstance(ratio, int | float) else "?x"
+    who = f"{e.get('worker')} on {e.get('host')}"
+    return f"step {e.get('step')}: {who}, {times} the others for {e.get('steps')} steps"
 
 
 class JobView(BaseModel):
