@@ -135,7 +135,8 @@ class RolePlane:
         """Raise RoleFault if a role (of ``kind``, or any) has not answered heartbeats for their timeout."""
         hung = self.heartbeats.unresponsive(kind)
         if hung:
-            raise RoleFault("; ".join(Heartbeats.message(r, s) for r, s in sorted(hung.items())))
+            by_name = sorted(hung.items(), key=lambda kv: (kv[0].kind, kv[0].index))  # roles of one host
+            raise RoleFault("; ".join(Heartbeats.message(r, s) for r, s in by_name))
 
     def all(
         self,

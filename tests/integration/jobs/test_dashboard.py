@@ -28,6 +28,7 @@ from tests.integration.appliance import TINY
 from tests.integration.jobs.live_api import TOKEN, ServeProcess
 from tests.waiting import wait_until
 from weightstream.jobs.api.routers.dashboard import ASSETS
+from weightstream.jobs.store import JobStore
 
 ROOT = Path(__file__).parents[3]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -56,11 +57,11 @@ class Served:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.proc.url, headers=AUTH, timeout=30)
 
-    def submit(self, max_steps: int, labels: dict[str, str], **runconfig: Any) -> str:
+    def submit(self, max_steps: int, labels: dict[str, str], num_csx: int = 1, **runconfig: Any) -> str:
         params = copy.deepcopy(TINY)
         params["runconfig"].update(max_steps=max_steps, log_steps=1, **runconfig)
         with self.http() as c:
-            r = c.post("/v1/jobs", json={"params": params, "num_csx": 1, "labels": labels})
+            r = c.post("/v1/jobs", json={"params": params, "num_csx": num_csx, "labels": labels})
         assert r.status_code == 201, r.text
         job_id: str = r.json()["id"]
         return job_id
@@ -532,3 +533,34 @@ def test_a_job_has_an_address_that_opens_it_and_back_and_forward_move_between_jo
     p.go_back()
     _until(lambda: _shown(p, second), 10, "back to the job's address")
     seen.check(served)
+
+
+def test_fewer_workers_and_a_straggler_show_as_the_events_say(
+    page: tuple[Any, Browsed], tmp_path: Path
+) -> None:
+    """A 2-worker job's page after its stored events say it went on with 1 worker and that a worker was
+    a straggler (written into the service's store as the runner writes them: the runs that make them are
+    tests/integration/test_elastic_workers.py and the straggler tests)."""
+    p, seen = page
+    proc = ServeProcess(tmp_path / "data", tmp_path / "serve.log", "--slots", "2")
+    try:
+        served = Served(proc, tmp_path / "data")
+        job_id = served.submit(3, {"dashboard": "elastic"}, num_csx=2)
+        served.wait_status(job_id, "succeeded")
+        store = JobStore(served.data_dir / "jobs.sqlite")
+        try:
+            why = "no capacity to start worker-1 again within 30s"
+            store.add_event(job_id, "workers", {"step": 3, "from_workers": 2, "to_workers": 1, "reason": why})
+            store.add_event(job_id, "step", {"step": 3, "loss": 4.0, "tokens_per_second": 9.0, "workers": 1})
+            slow = {"step": 3, "worker": "worker-0", "host": "h2", "ratio": 4.31, "steps": 3}
+            store.add_event(job_id, "straggler", slow)
+        finally:
+            store.close()
+        _open(p, served, job_id)
+        _until(lambda: _text(p, "#d-workers") == "1 of 2", 10, "the page did not show 1 of 2 workers")
+        assert _text(p, "#role-note") == f"step 3: workers 2 → 1: {why}"
+        note = "step 3: straggler: worker-0 on h2 4.3x the other workers' median for 3 steps"
+        _until(lambda: _text(p, "#straggler-note") == note, 10, "the page did not show the straggler")
+        seen.check(served)
+    finally:
+        proc.stop()

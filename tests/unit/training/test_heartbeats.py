@@ -198,6 +198,17 @@ def test_check_roles_fails_a_step_naming_the_role_that_stopped_answering(plane: 
         plane.check_roles()
 
 
+def test_every_role_of_a_silent_host_is_named_at_once(plane: RolePlane) -> None:
+    """A host cut off silences all of its roles together: the fault names each, by kind and index."""
+    beats, clock, roles = monitor(W0, W1, M0)
+    roles.hung |= {W1, M0, W0}
+    run_for(beats, clock, 2.5)
+    plane.heartbeats = beats
+    with pytest.raises(RoleFault) as e:
+        plane.check_roles()
+    assert [part.split()[0] for part in str(e.value).split("; ")] == ["memoryx-0", "worker-0", "worker-1"]
+
+
 def test_a_call_waiting_on_a_hung_role_fails_long_before_its_deadline(plane: RolePlane) -> None:
     """Even unwatched (``watch=False``: other roles' deaths do not matter to it), a call fails once a role
     it waits on is hung; a hung role it does not wait on leaves it alone."""

@@ -350,12 +350,12 @@ class SlurmBackend:
         if job is None:
             return
         try:
-            slurm.cancel(self._our_steps(job), "TERM", self.environ)
+            slurm.try_cancel(self._our_steps(job), "TERM", self.environ)
             deadline = time.monotonic() + grace_s
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            slurm.cancel(self._our_steps(job), "KILL", self.environ)
+            slurm.try_cancel(self._our_steps(job), "KILL", self.environ)
             if self.given_job is None:
                 self._release(job)
         finally:

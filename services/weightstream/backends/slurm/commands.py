@@ -9,6 +9,7 @@ output.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import signal
 import subprocess
@@ -35,7 +36,10 @@ __all__ = [
     "query_nodes",
     "release",
     "srun_command",
+    "try_cancel",
 ]
+
+log = logging.getLogger("weightstream.backends.slurm")
 
 COMMAND_TIMEOUT_S = 60.0  # one Slurm command; slurmctld answers in milliseconds, or MessageTimeout says not
 _SINFO_FORMAT = "%N|%P|%f|%t|%c|%o"  # name, partition (default marked *), features, state, CPUs, NodeAddr
@@ -231,6 +235,16 @@ def cancel(ids: Sequence[str], signal: str | None = None, env: Mapping[str, str]
     except SlurmError as e:
         if "Invalid job id" not in str(e) and "No error" not in str(e):
             raise
+
+
+def try_cancel(ids: Sequence[str], signal: str, env: Mapping[str, str] | None = None) -> None:
+    """``cancel``, a failure logged rather than raised: a stop goes on to end what it can. scancel fails
+    for a step on a node Slurm cannot reach ("Kill job error on job step id 3: Communication connection
+    failure"); Slurm ends that step itself once the node is marked down, or comes back."""
+    try:
+        cancel(ids, signal, env)
+    except SlurmError as e:
+        log.warning("could not signal every step (%s) with %s: %s", ", ".join(ids), signal, e)
 
 
 def srun_command(job_id: str, node: str, step_name: str, log: str, argv: Sequence[str]) -> list[str]:

@@ -180,11 +180,15 @@ function select(id) {
     recent: [], // [at, step] of the last step events, for the ETA
     last: null, // the last step event
     roles: new Map(), // name -> {kind, state, address, restarts}
+    numCsx: null, // the workers it asked for (the job's header)
+    workers: null, // the workers it trains with now (its events), when they say
     armed: false, // the cancel button's first click
   };
   for (const row of $("job-rows").children) row.classList.toggle("selected", row.dataset.id === id);
   for (const f of ["d-step", "d-loss", "d-eval", "d-tps", "d-eta"]) $(f).textContent = "—";
-  for (const f of ["d-error", "cancel-message", "download-message", "role-note"]) $(f).textContent = "";
+  for (const f of ["d-error", "cancel-message", "download-message", "role-note", "straggler-note"]) {
+    $(f).textContent = "";
+  }
   $("d-id").textContent = id;
   $("log").textContent = "";
   $("checkpoints").replaceChildren();
@@ -203,13 +207,21 @@ function showJob(job) {
   $("d-phase").textContent = job.status;
   $("d-phase").className = `phase ${job.status}`;
   $("d-error").textContent = job.error ?? "";
-  $("d-workers").textContent = String(job.num_csx);
+  selected.numCsx = job.num_csx;
+  showWorkers(selected);
   $("d-priority").textContent = String(job.priority);
   $("d-labels").replaceChildren(...labelChips(job.labels));
   $("d-duration").textContent = duration(runSeconds(job, Date.now() / 1000));
   $("d-user-box").hidden = !job.user;
   $("d-user").textContent = job.user ?? "";
   $("cancel").hidden = TERMINAL.has(job.status); // a finished job has nothing to cancel
+}
+
+// The workers the job trains with: "2 of 3" while it goes on without a worker it could not start again.
+function showWorkers(job) {
+  if (job.numCsx === null) return; // until the job's header is known
+  const fewer = job.workers !== null && job.workers < job.numCsx;
+  $("d-workers").textContent = fewer ? `${job.workers} of ${job.numCsx}` : String(job.numCsx);
 }
 
 // The job's events from the first, live until it ends; a dropped stream resumes after its last event.
@@ -239,6 +251,10 @@ function onEvent(job, { kind, data }) {
     $("d-loss").textContent = data.loss === null ? "not finite" : data.loss.toFixed(4);
     $("d-tps").textContent = Math.round(data.tokens_per_second).toLocaleString("en");
     $("d-eta").textContent = duration(eta(job));
+    if (data.workers !== undefined) {
+      job.workers = data.workers; // fewer than num_csx while a lost worker has no room to start again
+      showWorkers(job);
+    }
   } else if (kind === "eval") {
     chart.add("evals", data.step, data.eval_loss);
     $("d-eval").textContent = data.eval_loss === null ? "not finite" : `${data.eval_loss.toFixed(4)} (step ${data.step})`;
@@ -263,9 +279,17 @@ function onEvent(job, { kind, data }) {
     for (const [k, addresses] of Object.entries(data.addresses || {})) {
       addresses.forEach((a, i) => Object.assign(role(job, `${k}-${i}`, k), { address: a, moved: false }));
     }
-    $("role-note").textContent = `step ${data.step}: recovered in ${data.recovery_s.toFixed(1)}s, replaying ${data.replay_steps} steps`;
+    const action = data.action ? `: ${data.action}` : "";
+    $("role-note").textContent = `step ${data.step}: recovered in ${data.recovery_s.toFixed(1)}s, replaying ${data.replay_steps} steps${action}`;
   } else if (kind === "retry") {
     $("role-note").textContent = `step ${data.step}: retry: ${data.reason}`;
+  } else if (kind === "workers") {
+    job.workers = data.to_workers;
+    showWorkers(job);
+    $("role-note").textContent = `step ${data.step}: workers ${data.from_workers} → ${data.to_workers}: ${data.reason}`;
+  } else if (kind === "straggler") {
+    $("straggler-note").textContent =
+      `step ${data.step}: straggler: ${data.worker} on ${data.host} ${data.ratio.toFixed(1)}x the other workers' median for ${data.steps} steps`;
   } else if (kind === "status") {
     job.status = data.status;
     $("d-phase").textContent = data.status;
