@@ -179,6 +179,11 @@ class FakeKubernetesAPI:
         with self.lock:
             self.objects[("Pod", ns, name)]["status"] = status
 
+    def bind_pod(self, name: str, node: str, ns: str = "default") -> None:
+        """What the scheduler does: the pod runs on ``node`` (``spec.nodeName``)."""
+        with self.lock:
+            self.objects[("Pod", ns, name)]["spec"]["nodeName"] = node
+
     def set_pod_finalizers(self, name: str, finalizers: list[str], ns: str = "default") -> None:
         """What a controller holding a pod does: its deletion then waits for ``finish_deletion``."""
         with self.lock:

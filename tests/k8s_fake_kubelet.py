@@ -24,6 +24,8 @@ from tests.k8s_fake_api import FakeKubernetesAPI, running_ready
 from weightstream.backends.environment import without_secrets
 from weightstream.plan import Plan
 
+NODE = "fake-node"  # the node this kubelet runs, as the scheduler names it in each pod's spec.nodeName
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -86,6 +88,7 @@ class FakeKubelet:
 
     def _spawn(self, uid: str, pod: dict[str, Any]) -> None:
         name, [container] = pod["metadata"]["name"], pod["spec"]["containers"]
+        self.api.bind_pod(name, NODE, self.ns)  # one node, this kubelet's
         secret = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
         data = self.api.objects[("Secret", self.ns, secret)]["data"]["token"]
         token = self.work_dir / f"{name}.token"

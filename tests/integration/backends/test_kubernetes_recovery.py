@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -350,11 +351,13 @@ def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
     )
     events: list[JobEvent] = []
     deleted = threading.Event()
+    deleted_at: list[float] = []
 
     def on_event(event: JobEvent) -> None:
         events.append(event)
         if isinstance(event, StepEvent) and event.record.step == 10 and not deleted.is_set():
             deleted.set()
+            deleted_at.append(time.time())
             fake.delete_pod(f"ws-job1-{role.name}", grace_s=grace_s)
 
     try:
@@ -366,4 +369,13 @@ def test_a_job_on_the_fake_cluster_survives_a_deleted_pod(
     assert f"replacing {role.name} (pod ws-job1-{role.name})" in progress
     [restart] = [e for e in events if isinstance(e, RestartEvent)]
     assert restart.role == role.name and restart.reason.endswith("deleted")  # or "being deleted"
+    assert restart.host == "fake-node"  # from the role's ready file, which the coordinator writes here
+    addresses = kubelet.role_addresses("job1", make_plan(params))
+    for kind, n in make_plan(params).counts().items():  # a ready file per role
+        for i in range(n):
+            ready = json.loads((tmp_path / "job" / "logs" / f"{kind}-{i}.ready.json").read_text())
+            pod = f"ws-job1-{kind}-{i}"
+            assert ready == {"address": addresses[kind][i], "host": "fake-node", "pid": None, "pod": pod}
+    rewritten = (tmp_path / "job" / "logs" / f"{role.name}.ready.json").stat().st_mtime
+    assert rewritten > deleted_at[0]  # written again once the replacement was ready
     assert fake.objects == {}

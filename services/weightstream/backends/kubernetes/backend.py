@@ -16,6 +16,8 @@ grants.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from weightstream.backends.base import BackendError, RoleSpec
+from weightstream.backends.base import BackendError, RoleSpec, ready_file
 from weightstream.backends.kubernetes.manifests import (
     LABEL_INDEX,
     LABEL_JOB,
@@ -39,6 +41,8 @@ from weightstream.backends.kubernetes.manifests import (
 from weightstream.backends.kubernetes.security import role_token_secret_name
 from weightstream.params import Params, model_def
 from weightstream.plan import make_plan
+
+log = logging.getLogger("weightstream.backends.kubernetes")
 
 __all__ = ["KubernetesBackend", "default_api", "own_namespace", "pod_problem"]
 
@@ -128,6 +132,7 @@ class KubernetesBackend:
             # the job's NetworkPolicy must admit this pod even when jobs go to another namespace
             cluster = dataclasses.replace(cluster, coordinator_namespace=ns)
         self.job_id, self.params, self.cluster = job_id, params, cluster
+        self.run_dir = Path(params.runconfig.model_dir) / "logs"  # where each role's ready file goes
         self.model = model_def(params)
         self.plan = make_plan(params, self.model)
         self.api = api or default_api()
@@ -227,12 +232,27 @@ class KubernetesBackend:
                 last = msg
             if all(ready[k] == n for k, n in counts.items()):
                 found = role_addresses(self.job_id, self.plan, self.cluster)
+                self._record_ready([p for p in pods if _ready(p)], found)
                 return {
                     k: [a for i, a in enumerate(v) if RoleSpec(k, i) not in retired] for k, v in found.items()
                 }
             if time.monotonic() > deadline:
                 raise BackendError(f"pods not ready after {timeout_s:.0f}s: {msg}")
             time.sleep(self.poll_s)
+
+    def _record_ready(self, pods: list[Any], addresses: dict[str, list[str]]) -> None:
+        """``model_dir/logs/<role>.ready.json`` for each of ``pods`` (roles write their own elsewhere; only
+        MemoryX pods mount the job's directory): ``address``, its node (``host``), ``pod``, and ``pid`` null,
+        as a container's process id means nothing outside it."""
+        for pod in pods:
+            role = _role_of(pod)
+            ready = {"address": addresses[role.kind][role.index], "host": pod.spec.node_name or "",
+                     "pid": None, "pod": pod.metadata.name}  # fmt: skip
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                ready_file(self.run_dir, role).write_text(json.dumps(ready))
+            except OSError as e:
+                log.warning("cannot record where %s serves: %s", role.name, e)
 
     def _dead(self, pods: list[Any]) -> dict[RoleSpec, str]:
         """Every role whose pod in ``pods`` cannot serve, is being deleted, or that start() or restart()
