@@ -401,21 +401,27 @@ SMOKE: dict[str, float] = {
 SMOKE.update(rpc_timeout=5.0, snapshot_steps=6, checkpoint_steps=20)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--faults", type=int, default=20)
+def add_job_args(ap: argparse.ArgumentParser) -> None:
+    """The job's options that this bench and the hosts bench (bench/chaos_hosts.py) share."""
     ap.add_argument("--rpc-timeout", type=float, default=10.0, help="runconfig.rpc_timeout_s")
     ap.add_argument("--snapshot-steps", type=int, default=10, help="runconfig.recovery_snapshot_steps")
-    ap.add_argument("--checkpoint-steps", type=int, default=100)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--replicas", type=int, default=1, choices=(0, 1), help="runconfig.memoryx_replicas")
+    ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--checkpoint-steps", type=int, default=100)
+    add_job_args(ap)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--replicas", type=int, default=1, choices=(0, 1), help="runconfig.memoryx_replicas")
     ap.add_argument(
         "--standby",
         type=int,
@@ -423,7 +429,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="runconfig.standby_roles (0: each replacement starts a process)",
     )
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
-    ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
     a = ap.parse_args(argv)
     if a.smoke:
         for key, value in SMOKE.items():

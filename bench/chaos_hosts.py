@@ -237,16 +237,8 @@ PROBE_STEPS = 8  # a fault-free job this long gives the step time that sizes the
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=None, help="default: what the faults need at this step time")
-    ap.add_argument("--rpc-timeout", type=float, default=10.0, help="runconfig.rpc_timeout_s: bounds a cut")
-    ap.add_argument("--snapshot-steps", type=int, default=10, help="runconfig.recovery_snapshot_steps")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--replicas", type=int, default=1, choices=(0, 1), help="runconfig.memoryx_replicas")
+    chaos.add_job_args(ap)
     ap.add_argument("--smoke", action="store_true", help="a tiny model; a slow link, a host, a partition")
-    ap.add_argument("--keep", type=Path, default=None, help="leave both runs' model_dirs here")
     a = ap.parse_args(argv)
     if a.smoke:
         for key, value in SMOKE.items():
