@@ -79,6 +79,7 @@ class StragglerWatch:
         self._worker = -1  # the worker of the current stretch, -1 when there is none
         self.run = 0  # steps of the current stretch so far
         self._warned = False
+        self._workers = 0  # the worker count of the last record observed
 
     def observe(self, worker: int, ratio: float, lag_s: float) -> int | None:
         """One committed step's slowest worker (-1: none), its ratio and its lag (``slowest_worker``)."""
@@ -94,7 +95,10 @@ class StragglerWatch:
         return None
 
     def observe_record(self, record: StepRecord) -> int | None:
-        """``observe`` with a committed step's record: the worker slot of a new straggler, or None."""
+        """``observe`` with a committed step's record: the worker slot of a new straggler, or None. A change
+        of the worker count (``runconfig.min_num_csx``) ends a stretch: slot i may be another process now."""
+        if record.workers != self._workers:
+            self._worker, self.run, self._warned, self._workers = -1, 0, False, record.workers
         return self.observe(record.slowest_worker, record.slowest_worker_ratio, record.slowest_worker_lag_s)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from weightstream.numerics.optim import OptimizerConfig, SchedulePiece
 from weightstream.proto import weightstream_pb2 as pb
+from weightstream.training.records import StepRecord
 from weightstream.training.stepping import StepDriver
 from weightstream.training.stragglers import (
     STRAGGLER_MIN_LAG_S,
@@ -61,6 +62,22 @@ def test_interrupted_stretches_and_small_lags_are_not_stragglers() -> None:
     assert stretch(StragglerWatch(), [(1, 1.4)] * 10) == [None] * 10
     # twice as slow, but a few hundredths of a second behind (small steps on a busy host): not named
     assert stretch(StragglerWatch(), [(1, 2.0)] * 10, lag_s=0.05) == [None] * 10
+
+
+def test_a_change_of_the_worker_count_ends_a_stretch() -> None:
+    """Slot 1 of 3 workers and slot 1 of 2 may be different processes: their steps make no one stretch."""
+
+    def slow_slot_1(workers: int) -> StepRecord:
+        return StepRecord(step=1, loss=4.0, learning_rate=1e-3, grad_norm=1.0, tokens=8, step_time_s=1.0,
+                          worker_wait_s=0.1, worker_compute_s=0.9, update_s=0.01, worker_peak_rss_bytes=1,
+                          worker_wire_bytes=1, workers=workers, slowest_worker=1, slowest_worker_ratio=2.0,
+                          slowest_worker_lag_s=0.5)  # fmt: skip
+
+    watch = StragglerWatch()
+    said = [watch.observe_record(slow_slot_1(w)) for w in (3, 3, 2, 2, 2, 2)]
+    assert said == [None, None, None, None, 1, None]
+    steady = StragglerWatch()
+    assert [steady.observe_record(slow_slot_1(3)) for _ in range(3)] == [None, None, 1]
 
 
 @pytest.mark.parametrize(("ratio", "steps"), [(1.0, 3), (0.5, 3), (1.5, 0)])
