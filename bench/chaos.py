@@ -256,23 +256,27 @@ def cost_per_fault_steps(faulty_wall_s: float, fault_free_wall_s: float, faults:
     return (faulty_wall_s - fault_free_wall_s) / faults / step_s
 
 
+def lost_in_run(step_times: list[float], fault_times: list[float]) -> tuple[float, list[float | None]]:
+    """(the run's normal step: the median gap between committed steps with no fault in between; for each
+    fault, how much longer than that the run took to commit the step after it: detection, replacement,
+    reconfiguration, replay and the step's second run; None where no step followed). Measured within one
+    run, so unlike the wall-time difference of two runs it does not move with the load that other work
+    puts on the machine between them. bench/chaos_hosts.py measures host faults the same way."""
+    spans = list(itertools.pairwise(step_times))
+    clean = [b - a for a, b in spans if not any(a <= f < b for f in fault_times)]
+    normal = statistics.median(clean) if clean else 0.0
+    out: list[float | None] = []
+    for f in fault_times:
+        around = [b - a for a, b in spans if a <= f < b]
+        out.append(around[0] - normal if around else None)
+    return normal, out
+
+
 def lost_s(
     injected: list[tuple[float, Injection, int]], events: list[tuple[float, JobEvent]]
 ) -> tuple[float, list[float | None]]:
-    """(the run's normal step: the median gap between step events with no injection in between; for
-    each injection, how much longer than that the run took to commit the step after it: detection,
-    replacement, reconfiguration, replay and the step's second run; None where no step followed).
-    Measured within one run, so unlike the wall-time difference of two runs it does not move with the
-    load that other work puts on the machine between them."""
-    spans = list(itertools.pairwise(t for t, e in events if isinstance(e, StepEvent)))
-    hit = [t for t, _, _ in injected]
-    clean = [b - a for a, b in spans if not any(a <= h < b for h in hit)]
-    normal = statistics.median(clean) if clean else 0.0
-    out: list[float | None] = []
-    for h in hit:
-        around = [b - a for a, b in spans if a <= h < b]
-        out.append(around[0] - normal if around else None)
-    return normal, out
+    """``lost_in_run`` of this run's step events and injections."""
+    return lost_in_run([t for t, e in events if isinstance(e, StepEvent)], [t for t, _, _ in injected])
 
 
 def _replays_after(run: Run, kind: str) -> int:
@@ -431,10 +435,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 5 faults: well under a minute")
     a = ap.parse_args(argv)
     if a.smoke:
-        for key, value in SMOKE.items():
-            if ap.get_default(key) == getattr(a, key):  # what the command line set wins
-                setattr(a, key, value)
+        smoke_defaults(ap, a, SMOKE)
     return a
+
+
+def smoke_defaults(ap: argparse.ArgumentParser, a: argparse.Namespace, smoke: dict[str, Any]) -> None:
+    """``smoke``'s values in ``a`` wherever the command line left an option at its default: what it set
+    wins."""
+    for key, value in smoke.items():
+        if ap.get_default(key) == getattr(a, key):
+            setattr(a, key, value)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -52,7 +52,6 @@ from host_faults import (
     HostFault,
     Injector,
     RunLog,
-    lost_s,
     steps_for,
 )  # bench/host_faults.py
 
@@ -156,7 +155,7 @@ def summarize(
     base: RunLog, faulty: RunLog, injector: Injector, base_dir: Path, faulty_dir: Path
 ) -> dict[str, Any]:
     """The figures of the JSON line from both runs' events and the faults injected into the second."""
-    normal, lost = lost_s(faulty.step_times(), [f.at for f in injector.done])
+    normal, lost = chaos.lost_in_run(faulty.step_times(), [f.at for f in injector.done])
     target = SLURMD_TIMEOUT + 2 * normal
     out: dict[str, Any] = {"host_loss": [], "partition": []}
     for fault, extra in zip(injector.done, lost, strict=True):
@@ -241,9 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="a tiny model; a slow link, a host, a partition")
     a = ap.parse_args(argv)
     if a.smoke:
-        for key, value in SMOKE.items():
-            if ap.get_default(key) == getattr(a, key):  # what the command line set wins
-                setattr(a, key, value)
+        chaos.smoke_defaults(ap, a, SMOKE)
     a.workers, a.shards, a.faults = 2, 2, len(SMOKE_PLAN if a.smoke else PLAN)
     a.checkpoint_steps = 0  # one checkpoint, the last: the one both runs are compared by
     a.standby = 0  # runconfig.standby_roles: the Slurm backend keeps no spare steps

@@ -10,9 +10,7 @@ partition, the steps and role processes left on the node, are watched from threa
 
 from __future__ import annotations
 
-import itertools
 import json
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from typing import Any
 from testbed import parse_rate
 from testbed.slurm import SlurmCluster
 
-__all__ = ["PLAN", "SMOKE_PLAN", "HostFault", "Injector", "RunLog", "Struck", "lost_s", "steps_for"]
+__all__ = ["PLAN", "SMOKE_PLAN", "HostFault", "Injector", "RunLog", "Struck", "steps_for"]
 
 FIRST_STEP = 3  # steps before the first fault: the roles' caches and connections warm
 GAP_STEPS = 3  # steps between a fault's recovery (or a partition's restore) and the next fault
@@ -70,20 +68,6 @@ def steps_for(plan: tuple[HostFault, ...], step_s: float) -> int:
     steps += sum(SLOW_STEPS * SLOW_STEP_FACTOR for f in plan if f.what == "slow_link")
     seconds = sum(FAULT_S[f.what] for f in plan) + TAIL_S
     return int(MARGIN * (steps + seconds / step_s)) + 1
-
-
-def lost_s(step_times: list[float], fault_times: list[float]) -> tuple[float, list[float | None]]:
-    """(the run's normal step: the median gap between committed steps with no fault in between; for each
-    fault, how much longer than that the run took to commit the step after it; None where none followed).
-    Measured within one run, as bench/chaos.py does."""
-    spans = list(itertools.pairwise(step_times))
-    clean = [b - a for a, b in spans if not any(a <= f < b for f in fault_times)]
-    normal = statistics.median(clean) if clean else 0.0
-    out: list[float | None] = []
-    for f in fault_times:
-        around = [b - a for a, b in spans if a <= f < b]
-        out.append(around[0] - normal if around else None)
-    return normal, out
 
 
 class RunLog:

@@ -23,7 +23,7 @@ def test_its_arguments_make_the_chaos_jobs_params(argv: list[str]) -> None:
 
 def test_a_fault_costs_its_span_over_the_normal_step() -> None:
     steps = [0.0, 1.0, 2.0, 3.0, 13.0, 14.0, 15.0]  # a fault at 3.5: the next step 9 s late
-    normal, lost = host_faults.lost_s(steps, [3.5, 20.0])
+    normal, lost = chaos.lost_in_run(steps, [3.5, 20.0])
     assert normal == 1.0
     assert lost == [9.0, None]  # no step after the second
 
