@@ -263,7 +263,8 @@ class SlurmBackend:
 
     def restart(self, roles: list[RoleSpec]) -> None:
         """Kill each of ``roles`` that still runs (its step, SIGKILL: it may be hung) and start it again: on
-        its node while that node serves, else where ``placement.replacement`` says. A role whose node does
+        its node while that node serves, else where ``placement.replacement`` says; a worker left with no
+        node of its own is not started (``capacity``: NoCapacityError). A role whose node does
         not answer at its address (``reach``), or whose step has not ended ``RESTART_GRACE_S`` after its
         cancel, is on a node that is dead or cut off, which Slurm may not have seen yet: its srun is killed
         here rather than waited for, the node is used for no replacement from then on, and the step is
@@ -284,7 +285,7 @@ class SlurmBackend:
         serving = self._serving_nodes()
         nodes = [n for n in self._spare if n.name in serving]
         with self._lock:
-            running = {r.name: n for r, n in self.nodes.items() if r in self.procs and r not in roles}
+            running = {r.name: n for r, n in self.nodes.items() if r in self.procs}
         placed = {r.name: n for r, n in self.nodes.items()}
         try:
             chosen, unplaced = nodes_for(
